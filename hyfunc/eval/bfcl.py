@@ -1,0 +1,512 @@
+"""BFCL evaluation with the official checker of the `bfcl-eval` package (BFCL v4).
+
+Nothing here re-implements BFCL's scoring: AST categories go through
+`bfcl_eval.eval_checker.ast_eval.ast_checker.ast_checker`, the relevance rule through
+`bfcl_eval.utils.is_empty_output`, exactly as `bfcl_eval/eval_checker/eval_runner.py` does, and the
+function docs given to the checker are the original ones from the data file.
+
+Install (lean, no torch, see requirements/bfcl.txt)::
+
+    pip install --no-deps bfcl-eval==2026.3.23
+    pip install -r requirements/bfcl.txt
+
+Importing bfcl_eval creates ``result/``, ``score/`` and ``.file_locks/`` under its "project root",
+which defaults to site-packages. We point it (unless the user already did) at
+``$HYFUNC_HOME/bfcl`` (default ``~/.cache/hyfunc/bfcl``) through ``BFCL_PROJECT_ROOT`` before the
+first import. No ``.env`` file is read: only bfcl_eval's CLI entry points load one.
+"""
+from __future__ import annotations
+
+import copy
+import importlib
+import importlib.util
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from hyfunc.models.registry import hyfunc_home
+
+#: The single-turn Python categories scored by `run_eval` by default.
+CATEGORIES: list[str] = [
+    "simple_python",
+    "multiple",
+    "parallel",
+    "parallel_multiple",
+    "irrelevance",
+    "live_simple",
+    "live_multiple",
+    "live_parallel",
+    "live_parallel_multiple",
+    "live_irrelevance",
+]
+#: Also accepted: BFCL's relevance category (a call is expected, any call counts).
+EXTRA_CATEGORIES: list[str] = ["live_relevance"]
+#: Old (BFCL v3) names.
+ALIASES: dict[str, str] = {"simple": "simple_python"}
+
+#: `ast_checker` needs a registry name from bfcl_eval's MODEL_CONFIG_MAPPING; it only uses it to
+#: decide whether dots in function names were turned into underscores (OpenAI-style FC models).
+#: hyfunc keeps BFCL's dotted names, so we use a prompting model whose entry has
+#: ``underscore_to_dot=False``. The runner passes names with "/" written as "_".
+CHECKER_MODEL_NAME = "Qwen_Qwen3-8B"
+
+BFCL_EVAL_VERSION_TESTED = "2026.3.23"
+
+_INSTALL_HINT = (
+    "the official BFCL checker is not installed; install it with\n"
+    f"    pip install --no-deps bfcl-eval=={BFCL_EVAL_VERSION_TESTED}\n"
+    "    pip install -r requirements/bfcl.txt"
+)
+
+
+class BfclError(RuntimeError):
+    """Missing checker, missing data files, or a malformed data set."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Importing bfcl_eval
+
+
+def _prepare_bfcl_env() -> None:
+    if "BFCL_PROJECT_ROOT" not in os.environ:
+        root = hyfunc_home() / "bfcl"
+        root.mkdir(parents=True, exist_ok=True)
+        os.environ["BFCL_PROJECT_ROOT"] = str(root)
+
+
+def _import(module: str):
+    _prepare_bfcl_env()
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise BfclError(f"{_INSTALL_HINT}\n(import of {module} failed: {e})") from e
+
+
+
+def bfcl_eval_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("bfcl-eval")
+    except Exception:  # pragma: no cover - not installed
+        return "not installed"
+
+
+def _ast_checker():
+    return _import("bfcl_eval.eval_checker.ast_eval.ast_checker").ast_checker
+
+
+def _bfcl_utils():
+    return _import("bfcl_eval.utils")
+
+
+def _bfcl_model_utils():
+    return _import("bfcl_eval.model_handler.utils")
+
+
+# ---------------------------------------------------------------------------------------------
+# Data
+
+
+@dataclass
+class BfclCase:
+    id: str
+    category: str
+    messages: list[dict]  # the single-turn question: [{"role", "content"}, ...], system kept
+    functions: list[dict]  # raw BFCL function docs, as in the data file
+    possible_answer: list[dict] | None  # BFCL ground truth; None for (ir)relevance categories
+
+
+def canonical_category(category: str) -> str:
+    category = ALIASES.get(category, category)
+    if category not in CATEGORIES and category not in EXTRA_CATEGORIES:
+        raise BfclError(
+            f"unsupported BFCL category {category!r}; supported: {', '.join(CATEGORIES + EXTRA_CATEGORIES)}"
+        )
+    return category
+
+
+def is_relevance_category(category: str) -> bool:
+    return "relevance" in category  # covers irrelevance, live_irrelevance, live_relevance
+
+
+def packaged_data_dir() -> Path:
+    """The data folder shipped inside the installed bfcl_eval package (found without importing it)."""
+    spec = importlib.util.find_spec("bfcl_eval")
+    if spec is None or not spec.submodule_search_locations:
+        raise BfclError(_INSTALL_HINT)
+    return Path(list(spec.submodule_search_locations)[0]) / "data"
+
+
+# Tokens of category names: a file "X_<category>.json" belongs to <category> only if X does not
+# itself end with such a token ("BFCL_v4_live_simple.json" is not a "simple" file).
+_CATEGORY_TOKENS = {t for c in CATEGORIES + EXTRA_CATEGORIES + list(ALIASES) for t in c.split("_")}
+
+
+def _find_file(folder: Path, category: str) -> Path | None:
+    names = [category] + [old for old, new in ALIASES.items() if new == category]
+    for name in names:
+        for prefix in ("BFCL_v4_", "BFCL_v3_"):
+            p = folder / f"{prefix}{name}.json"
+            if p.is_file():
+                return p
+    for name in names:
+        hits = []
+        for p in sorted(folder.glob(f"*_{name}.json")):
+            prefix = p.name[: -len(f"_{name}.json")]
+            if prefix.split("_")[-1] not in _CATEGORY_TOKENS:
+                hits.append(p)
+        if len(hits) > 1:
+            raise BfclError(f"several files for category {category!r} in {folder}: {[h.name for h in hits]}")
+        if hits:
+            return hits[0]
+        p = folder / f"{name}.json"
+        if p.is_file():
+            return p
+    return None
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise BfclError(f"{path}:{lineno}: not a JSON line ({e})") from None
+    return out
+
+
+def data_files(category: str, data_dir: str | Path | None = None) -> tuple[Path, Path | None]:
+    """(question file, possible-answer file or None for relevance categories)."""
+    category = canonical_category(category)
+    folder = Path(data_dir) if data_dir is not None else packaged_data_dir()
+    q = _find_file(folder, category)
+    if q is None:
+        raise BfclError(f"no question file for category {category!r} in {folder}")
+    if is_relevance_category(category):
+        return q, None
+    a = _find_file(folder / "possible_answer", category)
+    if a is None:
+        raise BfclError(f"no possible-answer file for category {category!r} in {folder / 'possible_answer'}")
+    return q, a
+
+
+def load_cases(category: str, data_dir: str | Path | None = None, limit: int | None = None) -> list[BfclCase]:
+    """Read one BFCL category (packaged bfcl_eval data by default), in file order."""
+    category = canonical_category(category)
+    q_path, a_path = data_files(category, data_dir)
+    entries = _read_jsonl(q_path)
+    if limit is not None:
+        entries = entries[: max(0, limit)]
+    answers: dict[str, Any] = {}
+    if a_path is not None:
+        answers = {e["id"]: e["ground_truth"] for e in _read_jsonl(a_path)}
+    cases = []
+    for e in entries:
+        cid = e.get("id")
+        question = e.get("question")
+        if not isinstance(cid, str) or not isinstance(question, list) or not question:
+            raise BfclError(f"{q_path}: malformed entry {str(e)[:200]}")
+        if len(question) != 1:
+            raise BfclError(f"{q_path}: case {cid} is multi-turn ({len(question)} turns); only single-turn is supported")
+        messages = [{"role": m["role"], "content": m["content"]} for m in question[0]]
+        possible = None
+        if a_path is not None:
+            if cid not in answers:
+                raise BfclError(f"{a_path}: no possible answer for case {cid}")
+            possible = answers[cid]
+        cases.append(BfclCase(cid, category, messages, e.get("function", []), possible))
+    return cases
+
+
+# ---------------------------------------------------------------------------------------------
+# Checking
+
+
+def check(case: BfclCase, model_output: list[dict] | None, decode_error: str | None = None) -> tuple[bool, str]:
+    """Score one case with BFCL's own logic; returns (correct, error text).
+
+    `model_output` is the decoded output ``[{func_name: {arg: value}}]``; pass ``None`` (or a
+    `decode_error`) when the model's text could not be decoded into calls. For (ir)relevance
+    categories BFCL counts a failed decode or an empty output as "no function call"
+    (`eval_runner._evaluate_single_relevance_entry`); for AST categories a failed decode is wrong.
+    """
+    utils = _bfcl_utils()
+    decoded_ok = model_output is not None and decode_error is None
+    if is_relevance_category(case.category):
+        contain_func_call = decoded_ok and not utils.is_empty_output(model_output)
+        if "irrelevance" in case.category:
+            if contain_func_call:
+                return False, "Valid syntax. Successfully decode AST when it should not."
+            return True, ""
+        if not contain_func_call:
+            return False, f"Invalid syntax. Failed to decode AST when it should have. {decode_error or ''}".strip()
+        return True, ""
+
+    if not decoded_ok:
+        return False, f"Invalid syntax. Failed to decode AST. {decode_error or ''}".strip()
+    if not utils.is_function_calling_format_output(model_output):
+        return False, "Did not output in the specified format."
+    ast_checker = _ast_checker()
+    language = _import("bfcl_eval.constants.enums").Language.PYTHON
+    try:
+        result = ast_checker(
+            copy.deepcopy(case.functions),
+            copy.deepcopy(model_output),
+            copy.deepcopy(case.possible_answer),
+            language,
+            case.category,
+            CHECKER_MODEL_NAME,
+        )
+    except Exception as e:  # the official runner would crash; we score the case wrong instead
+        return False, f"checker raised {type(e).__name__}: {e}"
+    if result["valid"]:
+        return True, ""
+    errors = result.get("error") or []
+    text = "; ".join(str(x) for x in errors) if isinstance(errors, list) else str(errors)
+    return False, f"[{result.get('error_type', '')}] {text}".strip()
+
+
+# ---------------------------------------------------------------------------------------------
+# BFCL's prompting style (for prompt-based models)
+
+
+def _as_docs(functions: Iterable[Any]) -> list[dict]:
+    docs = []
+    for f in functions:
+        if hasattr(f, "to_bfcl"):
+            docs.append(f.to_bfcl())
+        else:
+            docs.append(copy.deepcopy(dict(f)))
+    return docs
+
+
+def bfcl_system_prompt(functions: Iterable[Any], category: str = "simple_python", language_hint: bool = True) -> str:
+    """BFCL's default system prompt for prompting models, built by bfcl_eval itself.
+
+    `functions` are BFCL docs (dicts) or hyfunc `Tool`s (converted with `Tool.to_bfcl`). As BFCL's
+    generation does (`load_dataset_entry(include_language_specific_hint=True)`), the
+    language-specific note (" Note that the provided function is in Python 3 syntax.") is appended
+    to each description first unless `language_hint=False`.
+    """
+    mu = _bfcl_model_utils()
+    docs = _as_docs(functions)
+    if language_hint:
+        docs = _bfcl_utils()._func_doc_language_specific_pre_processing(docs, category)
+    return mu.formulate_system_prompt(format_sensitivity_config=mu.DEFAULT_SYSTEM_PROMPT_FORMAT, functions=docs)
+
+
+def bfcl_prompt_messages(
+    messages: Sequence[dict], functions: Iterable[Any], category: str = "simple_python", language_hint: bool = True
+) -> list[dict]:
+    """The chat messages BFCL's prompting handlers send: the system prompt is inserted first, or
+    prepended (followed by a blank line) to the question's own system message
+    (`bfcl_eval.model_handler.utils.system_prompt_pre_processing_chat_model`)."""
+    mu = _bfcl_model_utils()
+    docs = _as_docs(functions)
+    if language_hint:
+        docs = _bfcl_utils()._func_doc_language_specific_pre_processing(docs, category)
+    msgs = [dict(m) for m in messages]
+    # The test id only selects the prompt format; a plain id gives BFCL's default format.
+    return mu.system_prompt_pre_processing_chat_model(msgs, docs, f"{category}_0")
+
+
+# ---------------------------------------------------------------------------------------------
+# Running a method over BFCL
+
+
+def _done_ids(path: Path) -> set[str]:
+    """Ids already scored in cases.jsonl; a line cut by an interruption is dropped (redone)."""
+    if not path.exists():
+        return set()
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    done: set[str] = set()
+    good: list[str] = []
+    for line in lines:
+        try:
+            rec = json.loads(line)
+            done.add(rec["id"])
+            good.append(line if line.endswith("\n") else line + "\n")
+        except (json.JSONDecodeError, KeyError, TypeError):
+            continue
+    if good != lines:
+        tmp = path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(good), encoding="utf-8")
+        tmp.replace(path)
+    return done
+
+
+def read_case_records(out_dir: str | Path) -> list[dict]:
+    path = Path(out_dir) / "cases.jsonl"
+    records = []
+    if path.exists():
+        for line in open(path, encoding="utf-8"):
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return records
+
+
+def _jsonable(x: Any) -> Any:
+    return json.loads(json.dumps(x, default=repr))
+
+
+def evaluate_case(method, case: BfclCase) -> dict:
+    """Run `method` on one case and score it; returns the record written to cases.jsonl."""
+    from hyfunc.formats.calls import to_bfcl_output
+    from hyfunc.formats.schema import parse_tools
+
+    record: dict[str, Any] = {"id": case.id, "category": case.category}
+    try:
+        tools = parse_tools(case.functions)
+    except Exception as e:  # hyfunc's own failure: never counted as a success
+        record.update(correct=False, error=f"hyfunc could not read the tools: {type(e).__name__}: {e}",
+                      calls=None, raw_text="", timings={}, latency=0.0, input_tokens=0, output_tokens=0)
+        return record
+    t0 = time.perf_counter()
+    answer = method.answer(copy.deepcopy(case.messages), tools)
+    wall = time.perf_counter() - t0
+    if answer.error is not None:
+        model_output, decode_error = None, answer.error
+    else:
+        model_output, decode_error = to_bfcl_output(answer.calls), None
+    correct, error = check(case, model_output, decode_error)
+    record.update(
+        correct=correct,
+        error=error,
+        calls=_jsonable(model_output),
+        model_error=answer.error,
+        raw_text=answer.raw_text,
+        timings=dict(answer.timings),
+        latency=wall,
+        input_tokens=int(answer.input_tokens or 0),
+        output_tokens=int(answer.output_tokens or 0),
+    )
+    return record
+
+
+def run_eval(
+    method,
+    categories: Sequence[str] | None = None,
+    limit: int | None = None,
+    out_dir: str | Path = "reports/bfcl",
+    data_dir: str | Path | None = None,
+    resume: bool = True,
+    progress: bool = True,
+    write_report: bool = True,
+) -> dict:
+    """Score `method` (anything with ``answer(messages, tools) -> Answer``) on BFCL.
+
+    One JSON line per case is appended to ``out_dir/cases.jsonl`` and flushed at once; with
+    `resume`, cases whose id is already there are skipped, so an interrupted run continues where it
+    stopped. `limit` caps the number of cases per category. Returns the summary also written to
+    ``results.json`` (plus results.md and accuracy_latency.png).
+    """
+    from tqdm import tqdm
+
+    from hyfunc.eval import report
+
+    categories = [canonical_category(c) for c in (categories or CATEGORIES)]
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cases_path = out / "cases.jsonl"
+    if not resume and cases_path.exists():
+        cases_path.unlink()
+    done = _done_ids(cases_path)
+
+    all_cases = [c for cat in categories for c in load_cases(cat, data_dir, limit)]
+    wanted = {c.id for c in all_cases}
+    todo = [c for c in all_cases if c.id not in done]
+    with open(cases_path, "a", encoding="utf-8") as f, tqdm(
+        total=len(all_cases), initial=len(all_cases) - len(todo), desc=f"BFCL {getattr(method, 'name', 'method')}",
+        unit="case", disable=not progress,
+    ) as bar:
+        n_ok = sum(1 for r in read_case_records(out) if r["id"] in wanted and r.get("correct")) if done else 0
+        n_seen = len(all_cases) - len(todo)
+        for case in todo:
+            record = evaluate_case(method, case)
+            f.write(json.dumps(record, ensure_ascii=False, default=repr) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+            n_seen += 1
+            n_ok += bool(record["correct"])
+            bar.set_postfix(acc=f"{n_ok / max(1, n_seen):.3f}", cat=case.category)
+            bar.update(1)
+
+    records = [r for r in read_case_records(out) if r["id"] in wanted]
+    summary = report.summarize(records, categories)
+    summary["meta"] = run_metadata(method, categories, limit, data_dir)
+    if write_report:
+        report.write_reports(summary, out)
+    return summary
+
+
+def _method_config(method) -> Any:
+    cfg = getattr(method, "config", None)
+    if cfg is None:
+        return None
+    try:
+        from dataclasses import asdict, is_dataclass
+
+        if is_dataclass(cfg):
+            return _jsonable(asdict(cfg))
+        if isinstance(cfg, dict):
+            return _jsonable(cfg)
+        if hasattr(cfg, "__dict__"):
+            return _jsonable(vars(cfg))
+    except Exception:
+        pass
+    return repr(cfg)
+
+
+def hyfunc_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("hyfunc")
+    except Exception:
+        mod = sys.modules.get("hyfunc")
+        return getattr(mod, "__version__", "unknown")
+
+
+def run_metadata(method, categories, limit, data_dir) -> dict:
+    import datetime
+
+    return {
+        "command": list(sys.argv),
+        "method": getattr(method, "name", type(method).__name__),
+        "method_config": _method_config(method),
+        "categories": list(categories),
+        "limit": limit,
+        "data_dir": str(data_dir) if data_dir is not None else f"bfcl_eval package ({packaged_data_dir()})",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "hyfunc_version": hyfunc_version(),
+        "bfcl_eval_version": bfcl_eval_version(),
+        "checker": "bfcl_eval.eval_checker.ast_eval.ast_checker.ast_checker",
+        "checker_model_name": CHECKER_MODEL_NAME,
+        "python": sys.version.split()[0],
+    }
+
+
+__all__ = [
+    "CATEGORIES",
+    "BfclCase",
+    "BfclError",
+    "load_cases",
+    "data_files",
+    "packaged_data_dir",
+    "check",
+    "bfcl_system_prompt",
+    "bfcl_prompt_messages",
+    "evaluate_case",
+    "run_eval",
+    "read_case_records",
+]

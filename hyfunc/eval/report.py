@@ -1,0 +1,206 @@
+"""Aggregate BFCL case records into results.json / results.md / accuracy_latency.png, and merge
+several runs (methods) into one side-by-side comparison."""
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+OVERALL = "overall"
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile (numpy's default method), q in [0, 100]."""
+    xs = sorted(values)
+    if not xs:
+        return float("nan")
+    pos = (len(xs) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def _stats(records: list[dict]) -> dict[str, Any]:
+    n = len(records)
+    if n == 0:
+        return {"n": 0, "correct": 0, "accuracy": None, "latency_mean": None, "latency_median": None,
+                "latency_p90": None, "input_tokens_mean": None, "output_tokens_mean": None}
+    lat = [float(r.get("latency") or 0.0) for r in records]
+    correct = sum(1 for r in records if r.get("correct"))
+    return {
+        "n": n,
+        "correct": correct,
+        "accuracy": correct / n,
+        "latency_mean": statistics.fmean(lat),
+        "latency_median": statistics.median(lat),
+        "latency_p90": _percentile(lat, 90),
+        "input_tokens_mean": statistics.fmean(float(r.get("input_tokens") or 0) for r in records),
+        "output_tokens_mean": statistics.fmean(float(r.get("output_tokens") or 0) for r in records),
+        "errors": sum(1 for r in records if r.get("model_error")),
+    }
+
+
+def summarize(records: Iterable[dict], categories: Sequence[str] | None = None) -> dict:
+    """Per-category and overall statistics.
+
+    ``overall`` pools every case (micro average); ``category_mean_accuracy`` is the unweighted mean
+    of the per-category accuracies. Neither is BFCL's leaderboard "overall" (which weights groups of
+    categories differently and includes categories we do not run).
+    """
+    records = list(records)
+    cats = list(categories) if categories else sorted({r["category"] for r in records})
+    per_cat = {c: _stats([r for r in records if r["category"] == c]) for c in cats}
+    accs = [s["accuracy"] for s in per_cat.values() if s["accuracy"] is not None]
+    return {
+        "categories": per_cat,
+        OVERALL: _stats([r for r in records if r["category"] in per_cat]),
+        "category_mean_accuracy": statistics.fmean(accs) if accs else None,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing
+
+
+def _fmt(x: Any, kind: str) -> str:
+    if x is None:
+        return "–"
+    if kind == "pct":
+        return f"{100 * x:.1f}"
+    if kind == "s":
+        return f"{x:.3f}"
+    if kind == "tok":
+        return f"{x:.0f}"
+    return str(x)
+
+
+_COLUMNS = [
+    ("n", "n", ""),
+    ("accuracy", "acc %", "pct"),
+    ("latency_mean", "lat mean s", "s"),
+    ("latency_median", "lat median s", "s"),
+    ("latency_p90", "lat p90 s", "s"),
+    ("input_tokens_mean", "in tok", "tok"),
+    ("output_tokens_mean", "out tok", "tok"),
+]
+
+
+def markdown_table(summary: dict) -> str:
+    head = "| category | " + " | ".join(c[1] for c in _COLUMNS) + " |"
+    sep = "|---|" + "|".join("---:" for _ in _COLUMNS) + "|"
+    rows = [head, sep]
+    for cat, s in list(summary["categories"].items()) + [(OVERALL, summary[OVERALL])]:
+        name = f"**{cat}**" if cat == OVERALL else cat
+        rows.append(f"| {name} | " + " | ".join(_fmt(s.get(k), kind) for k, _, kind in _COLUMNS) + " |")
+    return "\n".join(rows)
+
+
+def write_reports(summary: dict, out_dir: str | Path) -> dict[str, Path]:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / "results.json", "md": out / "results.md", "png": out / "accuracy_latency.png"}
+    paths["json"].write_text(json.dumps(summary, indent=2, ensure_ascii=False, default=repr) + "\n", encoding="utf-8")
+    meta = summary.get("meta", {})
+    lines = [f"# BFCL results: {meta.get('method', '?')}", ""]
+    if meta:
+        lines += [
+            f"- command: `{' '.join(meta.get('command', []))}`",
+            f"- date: {meta.get('date')}",
+            f"- hyfunc {meta.get('hyfunc_version')}, bfcl-eval {meta.get('bfcl_eval_version')} (official AST checker)",
+            f"- limit per category: {meta.get('limit')}",
+            "",
+        ]
+    lines += [markdown_table(summary), ""]
+    cm = summary.get("category_mean_accuracy")
+    if cm is not None:
+        lines += [f"Unweighted mean of category accuracies: {100 * cm:.1f} %. "
+                  "Latency is wall-clock per case, seconds.", ""]
+    paths["md"].write_text("\n".join(lines), encoding="utf-8")
+    plot_accuracy_latency({meta.get("method", "method"): summary}, paths["png"])
+    return paths
+
+
+def plot_accuracy_latency(summaries: dict[str, dict], path: str | Path) -> Path:
+    """Accuracy vs median latency: one point per (method, category), overall as a big marker."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, (method, summary) in enumerate(summaries.items()):
+        color = colors[i % len(colors)]
+        xs, ys, labels = [], [], []
+        for cat, s in summary["categories"].items():
+            if s.get("accuracy") is None:
+                continue
+            xs.append(s["latency_median"])
+            ys.append(100 * s["accuracy"])
+            labels.append(cat)
+        ax.scatter(xs, ys, color=color, alpha=0.7, s=30)
+        for x, y, label in zip(xs, ys, labels):
+            ax.annotate(label, (x, y), fontsize=7, alpha=0.8, xytext=(3, 3), textcoords="offset points")
+        o = summary[OVERALL]
+        if o.get("accuracy") is not None:
+            ax.scatter([o["latency_median"]], [100 * o["accuracy"]], color=color, marker="*", s=250,
+                       edgecolor="black", label=f"{method} (overall)")
+    ax.set_xlabel("median latency per case (s)")
+    ax.set_ylabel("accuracy (%)")
+    ax.set_ylim(-2, 102)
+    ax.set_title("BFCL (official checker): accuracy vs latency")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Comparing runs
+
+
+def load_summary(run_dir: str | Path) -> dict:
+    return json.loads((Path(run_dir) / "results.json").read_text(encoding="utf-8"))
+
+
+def compare_runs(run_dirs: Sequence[str | Path], out_dir: str | Path, names: Sequence[str] | None = None) -> dict[str, Path]:
+    """Merge several runs' results.json into comparison.{json,md,png} in `out_dir`.
+
+    Methods are columns of accuracy (and median latency) per category. Runs with identical method
+    names are disambiguated by their folder name.
+    """
+    summaries: dict[str, dict] = {}
+    for i, d in enumerate(run_dirs):
+        s = load_summary(d)
+        name = names[i] if names else s.get("meta", {}).get("method", Path(d).name)
+        if name in summaries:
+            name = f"{name} ({Path(d).name})"
+        summaries[name] = s
+    cats: list[str] = []
+    for s in summaries.values():
+        for c in s["categories"]:
+            if c not in cats:
+                cats.append(c)
+    methods = list(summaries)
+    head = "| category | " + " | ".join(f"{m} acc % | {m} median s" for m in methods) + " |"
+    sep = "|---|" + "|".join("---:|---:" for _ in methods) + "|"
+    rows = [head, sep]
+    for c in cats + [OVERALL]:
+        cells = []
+        for m in methods:
+            s = summaries[m][OVERALL] if c == OVERALL else summaries[m]["categories"].get(c, {})
+            n = s.get("n")
+            cells.append(f"{_fmt(s.get('accuracy'), 'pct')} (n={n})" if n else "–")
+            cells.append(_fmt(s.get("latency_median"), "s"))
+        rows.append(f"| {'**overall**' if c == OVERALL else c} | " + " | ".join(cells) + " |")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / "comparison.json", "md": out / "comparison.md", "png": out / "comparison.png"}
+    paths["json"].write_text(json.dumps({"runs": {m: str(d) for m, d in zip(methods, run_dirs)},
+                                         "summaries": summaries}, indent=2, default=repr) + "\n", encoding="utf-8")
+    paths["md"].write_text("# BFCL comparison (official checker)\n\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    plot_accuracy_latency(summaries, paths["png"])
+    return paths

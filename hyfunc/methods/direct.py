@@ -1,0 +1,81 @@
+"""Direct prompting: one model reads every tool and decodes the whole call. The baseline.
+
+Two prompting styles:
+  * ``bfcl``: BFCL's own system prompt for prompt-based models (built by bfcl-eval itself, see
+    `hyfunc.eval.bfcl.bfcl_prompt_messages`); the model answers in python-call syntax ``[f(a=1), g(b="x")]``.
+  * ``native``: the model's own chat template with the tools passed as OpenAI tool dicts; the
+    answer is read from ``<tool_call>`` blocks or a fenced JSON object (Qwen-Coder writes those).
+"""
+from __future__ import annotations
+
+from typing import Literal, Sequence
+
+from hyfunc.formats.calls import CallParseError, parse_calls, parse_python_calls
+from hyfunc.formats.schema import Tool
+from hyfunc.methods.base import Answer
+from hyfunc.models.backend import Backend
+
+PromptStyle = Literal["bfcl", "native"]
+PROMPT_STYLES: tuple[str, ...] = ("bfcl", "native")
+
+
+def _python_answer_done(text: str) -> bool:
+    """True once the text is a whole `[...]` call list, or is prose (no call can follow).
+
+    Stopping there changes no score: BFCL reads prose as "no call" however long it is.
+    """
+    text = text.strip().strip("`").strip()
+    if "(" not in text and len(text) > 80:
+        return True
+    if not (text.startswith("[") and text.endswith("]")):
+        return False
+    try:
+        parse_python_calls(text)
+    except CallParseError:
+        return False
+    return True
+
+
+class DirectMethod:
+    def __init__(self, backend: Backend, style: PromptStyle = "bfcl", max_new_tokens: int = 384):
+        if style not in PROMPT_STYLES:
+            raise ValueError(f"unknown prompt style {style!r}; choose one of {PROMPT_STYLES}")
+        if style == "native" and "tools" not in (backend.tokenizer.chat_template or ""):
+            raise ValueError(f"model '{backend.name}' has no tool-calling chat template; use style='bfcl'")
+        self.backend = backend
+        self.style = style
+        self.max_new_tokens = max_new_tokens
+        self.name = f"direct-{style}:{backend.name}"
+
+    def prompt(self, messages: Sequence[dict], tools: Sequence[Tool]) -> str:
+        if self.style == "bfcl":
+            from hyfunc.eval.bfcl import bfcl_prompt_messages
+
+            return self.backend.chat_prompt(bfcl_prompt_messages(messages, tools))
+        return self.backend.chat_prompt(messages, tools=[tool.to_openai() for tool in tools])
+
+    def answer(self, messages: Sequence[dict], tools: Sequence[Tool]) -> Answer:
+        ids = self.backend.encode(self.prompt(messages, tools))
+        stop = _python_answer_done if self.style == "bfcl" else None
+        gen = self.backend.generate(ids=ids, max_new_tokens=self.max_new_tokens, stop=stop)
+        answer = Answer(
+            calls=[],
+            raw_text=gen.text,
+            input_tokens=gen.input_tokens,
+            output_tokens=len(gen.token_ids),
+            timings={"prefill": gen.prefill_seconds, "decode": gen.decode_seconds},
+        )
+        try:
+            answer.calls = self.parse(gen.text)
+        except CallParseError as err:
+            answer.error = str(err)
+        return answer
+
+    def parse(self, text: str) -> list:
+        if self.style == "bfcl":
+            stripped = text.strip().strip("`").strip()
+            if stripped.startswith("python\n"):  # a ```python fence
+                stripped = stripped[len("python\n"):]
+            if stripped.startswith("["):
+                return parse_python_calls(stripped)
+        return parse_calls(text)

@@ -1,0 +1,174 @@
+"""A causal language model over torch + transformers, with the hooks the cascade needs.
+
+Besides chat prompting and greedy generation, it exposes last-layer hidden states, input
+embeddings (so a continuous "soft" token can be fed in) and a KV cache that can be kept and
+reused: `prefill` a fixed prefix once, then `generate(..., cache=...)` appends only new tokens.
+"""
+from __future__ import annotations
+
+import copy
+import os
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+
+from hyfunc.models.registry import resolve_model
+
+
+@dataclass
+class StepOutput:
+    logits: torch.Tensor  # (vocab,) logits for the next token after the last input position
+    hidden: torch.Tensor  # (seq, hidden) last-layer hidden states of the input positions
+    cache: DynamicCache
+
+
+@dataclass
+class Generation:
+    text: str
+    token_ids: list[int]
+    input_tokens: int
+    prefill_seconds: float
+    decode_seconds: float
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class Backend:
+    def __init__(
+        self,
+        name: str,
+        device: str | None = None,
+        dtype: torch.dtype | None = None,
+        model: PreTrainedModel | None = None,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+    ):
+        """Load `name` (alias, local path or hub id), or wrap an already built `model`/`tokenizer`."""
+        self.name = name
+        self.device = torch.device(device or default_device())
+        if threads := os.environ.get("HYFUNC_THREADS"):
+            torch.set_num_threads(int(threads))
+        if model is None:
+            path = resolve_model(name)
+            # fp32 on CPU: bf16 matmuls measured ~4x slower on the CPUs we target.
+            dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
+            tokenizer = AutoTokenizer.from_pretrained(path)
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        if tokenizer is None:
+            raise ValueError("a tokenizer is required when a model object is passed")
+        self.model = model.to(self.device).eval()
+        self.tokenizer = tokenizer
+        self.eos_ids = self._eos_ids()
+
+    def _eos_ids(self) -> set[int]:
+        ids = set()
+        for source in (self.model.generation_config.eos_token_id, self.tokenizer.eos_token_id):
+            if isinstance(source, int):
+                ids.add(source)
+            elif source:
+                ids.update(source)
+        for special in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>"):
+            tid = self.tokenizer.convert_tokens_to_ids(special)
+            if isinstance(tid, int) and tid != self.tokenizer.unk_token_id:
+                ids.add(tid)
+        return ids
+
+    @property
+    def hidden_size(self) -> int:
+        return self.model.config.hidden_size
+
+    # -- prompting -------------------------------------------------------------------------
+    def chat_prompt(self, messages: Sequence[dict], tools: Sequence[dict] | None = None) -> str:
+        """Render chat messages (and OpenAI-style tool dicts) with the model's own chat template."""
+        return self.tokenizer.apply_chat_template(
+            list(messages), tools=list(tools) if tools else None, tokenize=False, add_generation_prompt=True
+        )
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def embed(self, ids: Sequence[int]) -> torch.Tensor:
+        """Input embeddings (len, hidden) of token ids: the space a soft token is inserted into."""
+        table = self.model.get_input_embeddings()
+        return table(torch.tensor(list(ids), device=self.device))
+
+    # -- forward passes --------------------------------------------------------------------
+    @torch.inference_mode()
+    def forward(
+        self,
+        ids: Sequence[int] | None = None,
+        embeds: torch.Tensor | None = None,
+        cache: DynamicCache | None = None,
+    ) -> StepOutput:
+        """Run new tokens (ids, or embeddings of shape (len, hidden)) after what `cache` holds.
+
+        The cache is extended in place; pass `fork(cache)` to keep a prefix cache reusable.
+        """
+        if (ids is None) == (embeds is None):
+            raise ValueError("pass exactly one of ids or embeds")
+        cache = cache if cache is not None else DynamicCache(config=self.model.config)
+        if ids is not None:
+            embeds = self.embed(ids)
+        embeds = embeds.to(self.device, self.model.dtype).unsqueeze(0)
+        past = cache.get_seq_length()
+        positions = torch.arange(past, past + embeds.shape[1], device=self.device).unsqueeze(0)
+        out = self.model(
+            inputs_embeds=embeds,
+            cache=cache,
+            position_ids=positions,
+            use_cache=True,
+            output_hidden_states=True,
+            logits_to_keep=1,
+        )
+        return StepOutput(logits=out.logits[0, -1].float(), hidden=out.hidden_states[-1][0], cache=out.cache)
+
+    def prefill(self, ids: Sequence[int]) -> DynamicCache:
+        """KV cache of a fixed prefix, to be reused with `fork` by many requests."""
+        return self.forward(ids=ids).cache
+
+    @staticmethod
+    def fork(cache: DynamicCache) -> DynamicCache:
+        return copy.deepcopy(cache)
+
+    # -- generation ------------------------------------------------------------------------
+    @torch.inference_mode()
+    def generate(
+        self,
+        ids: Sequence[int] | None = None,
+        embeds: torch.Tensor | None = None,
+        cache: DynamicCache | None = None,
+        max_new_tokens: int = 256,
+        stop: Callable[[str], bool] | None = None,
+    ) -> Generation:
+        """Greedy decoding after a prompt (ids or embeddings), optionally after a reused cache.
+
+        Stops at an end-of-sequence token, after `max_new_tokens`, or as soon as `stop(text)`
+        is true for the text generated so far.
+        """
+        start = time.perf_counter()
+        step = self.forward(ids=ids, embeds=embeds, cache=cache)
+        input_tokens = len(ids) if ids is not None else int(embeds.shape[0])
+        prefill_done = time.perf_counter()
+        generated: list[int] = []
+        while True:
+            token = int(torch.argmax(step.logits))
+            if token in self.eos_ids:
+                break
+            generated.append(token)
+            if len(generated) >= max_new_tokens or (stop is not None and stop(self.decode(generated))):
+                break
+            step = self.forward(ids=[token], cache=step.cache)
+        return Generation(
+            text=self.decode(generated),
+            token_ids=generated,
+            input_tokens=input_tokens,
+            prefill_seconds=prefill_done - start,
+            decode_seconds=time.perf_counter() - prefill_done,
+        )

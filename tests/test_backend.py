@@ -1,0 +1,58 @@
+import torch
+
+from tests.tiny_models import tiny_backend
+
+PROMPT = "What is the weather like in Paris today?"
+
+
+def test_hidden_states_shape_and_logits():
+    backend = tiny_backend()
+    ids = backend.encode(PROMPT)
+    out = backend.forward(ids=ids)
+    assert out.hidden.shape == (len(ids), backend.hidden_size)
+    assert out.logits.shape == (backend.model.config.vocab_size,)
+    assert out.cache.get_seq_length() == len(ids)
+
+
+def test_inputs_embeds_path_matches_ids_path():
+    backend = tiny_backend()
+    ids = backend.encode(PROMPT)
+    by_ids = backend.forward(ids=ids)
+    by_embeds = backend.forward(embeds=backend.embed(ids))
+    torch.testing.assert_close(by_ids.logits, by_embeds.logits)
+    torch.testing.assert_close(by_ids.hidden, by_embeds.hidden)
+
+
+def test_prefix_cache_reuse_gives_full_forward_logits():
+    backend = tiny_backend()
+    prefix = backend.encode("<|im_start|>system\nYou call tools.<|im_end|>\n")
+    prefix_cache = backend.prefill(prefix)
+    for request in ("Book a table for two", PROMPT):
+        suffix = backend.encode(request)
+        full = backend.forward(ids=prefix + suffix)
+        reused = backend.forward(ids=suffix, cache=backend.fork(prefix_cache))
+        torch.testing.assert_close(full.logits, reused.logits, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(full.hidden[len(prefix):], reused.hidden, atol=1e-5, rtol=1e-5)
+    # forking left the shared prefix untouched
+    assert prefix_cache.get_seq_length() == len(prefix)
+
+
+def test_generate_greedy_is_deterministic_and_honours_limits():
+    backend = tiny_backend()
+    ids = backend.encode(backend.chat_prompt([{"role": "user", "content": PROMPT}]))
+    first = backend.generate(ids=ids, max_new_tokens=7)
+    second = backend.generate(ids=ids, max_new_tokens=7)
+    assert first.token_ids == second.token_ids
+    assert len(first.token_ids) <= 7
+    assert first.input_tokens == len(ids)
+    stopped = backend.generate(ids=ids, max_new_tokens=7, stop=lambda text: True)
+    assert len(stopped.token_ids) <= 1
+
+
+def test_generate_after_cache_matches_generate_from_scratch():
+    backend = tiny_backend()
+    prefix = backend.encode("<|im_start|>system\nYou call tools.<|im_end|>\n")
+    suffix = backend.encode(PROMPT)
+    scratch = backend.generate(ids=prefix + suffix, max_new_tokens=6)
+    cached = backend.generate(ids=suffix, cache=backend.fork(backend.prefill(prefix)), max_new_tokens=6)
+    assert scratch.token_ids == cached.token_ids
