@@ -15,25 +15,36 @@ from hyfunc.methods.direct import PROMPT_STYLES
 from hyfunc.models.registry import DEFAULT_LARGE, DEFAULT_MODELS
 
 
-def _add_method_args(parser: argparse.ArgumentParser) -> None:
+def _add_method_args(parser: argparse.ArgumentParser, prefix_caching: bool) -> None:
     parser.add_argument("--method", default="direct", choices=["direct"], help="answering method")
     parser.add_argument("--model", default=DEFAULT_LARGE, help="alias, local path or Hugging Face id")
     parser.add_argument("--style", default="auto", choices=["auto", *PROMPT_STYLES], help="prompting style")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    parser.add_argument(
+        "--prefix-caching", action=argparse.BooleanOptionalAction, default=prefix_caching,
+        help="reuse the KV cache of the prompt prefix shared with the previous request (exact)",
+    )
 
 
 def _build_method(args: argparse.Namespace):
     from hyfunc.methods import load_method
 
     start = time.perf_counter()
-    method = load_method(args.method, model=args.model, style=args.style, device=args.device)
+    # A fixed tool library (demo, call) is read once; BFCL cases each bring their own tools.
+    method = load_method(
+        args.method, model=args.model, style=args.style, device=args.device, prefix_caching=args.prefix_caching
+    )
     print(f"loaded {method.name} in {time.perf_counter() - start:.1f}s", file=sys.stderr)
     return method
 
 
 def _format_timings(answer: Answer) -> str:
     parts = [f"{name} {seconds * 1000:.0f} ms" for name, seconds in answer.timings.items()]
-    return f"{answer.latency * 1000:.0f} ms ({', '.join(parts)}); {answer.input_tokens} tokens in, {answer.output_tokens} out"
+    cached = f" ({answer.cached_tokens} from cache)" if answer.cached_tokens else ""
+    return (
+        f"{answer.latency * 1000:.0f} ms ({', '.join(parts)}); "
+        f"{answer.input_tokens} tokens in{cached}, {answer.output_tokens} out"
+    )
 
 
 def _print_answer(query: str, answer: Answer) -> None:
@@ -105,20 +116,20 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser("demo", help="answer a few requests against a sample tool library")
-    _add_method_args(demo)
+    _add_method_args(demo, prefix_caching=True)
     demo.set_defaults(func=cmd_demo)
 
     call = sub.add_parser("call", help="answer one request against tools from a JSON file")
     call.add_argument("--tools", required=True, help="JSON file: a list of tools (OpenAI, BFCL or JSON Schema) or {'tools': [...]}")
     call.add_argument("--query", required=True)
     call.add_argument("--timings", action="store_true", help="print the latency breakdown to stderr")
-    _add_method_args(call)
+    _add_method_args(call, prefix_caching=True)
     call.set_defaults(func=cmd_call)
 
     evaluate = sub.add_parser("eval", help="benchmarks")
     eval_sub = evaluate.add_subparsers(dest="benchmark", required=True)
     bfcl = eval_sub.add_parser("bfcl", help="score on BFCL with the official checker")
-    _add_method_args(bfcl)
+    _add_method_args(bfcl, prefix_caching=False)
     bfcl.add_argument("--categories", nargs="+", help="default: all supported categories")
     bfcl.add_argument("--limit", type=int, default=None, help="first N cases per category")
     bfcl.add_argument("--out", help="report directory (default: reports/<method>)")

@@ -56,3 +56,21 @@ def test_generate_after_cache_matches_generate_from_scratch():
     scratch = backend.generate(ids=prefix + suffix, max_new_tokens=6)
     cached = backend.generate(ids=suffix, cache=backend.fork(backend.prefill(prefix)), max_new_tokens=6)
     assert scratch.token_ids == cached.token_ids
+
+
+def test_prefix_cache_reuses_the_shared_prefix_exactly():
+    from hyfunc.models.backend import PrefixCache
+
+    backend = tiny_backend()
+    system = backend.encode("<|im_start|>system\nYou call tools: get_weather, book_table.<|im_end|>\n")
+    prefix_cache = PrefixCache(backend)
+    for request in (PROMPT, "Book a table for two", PROMPT):
+        ids = system + backend.encode(request)
+        scratch = backend.generate(ids=ids, max_new_tokens=5)
+        reused = backend.generate(ids=ids, max_new_tokens=5, prefix_cache=prefix_cache)
+        assert reused.token_ids == scratch.token_ids
+        assert reused.input_tokens == len(ids)
+    # the third prompt repeats the first after a different one: only the system prompt is shared
+    assert reused.cached_tokens >= len(system) - 1
+    again = backend.generate(ids=ids, max_new_tokens=5, prefix_cache=prefix_cache)
+    assert again.cached_tokens == len(ids) - 1 and again.token_ids == scratch.token_ids

@@ -389,6 +389,7 @@ def evaluate_case(method, case: BfclCase) -> dict:
         latency=wall,
         input_tokens=int(answer.input_tokens or 0),
         output_tokens=int(answer.output_tokens or 0),
+        cached_tokens=int(answer.cached_tokens or 0),
     )
     return record
 

@@ -7,7 +7,9 @@ from hyfunc.methods.base import Answer, Method
 PREFERRED_STYLE: dict[str, str] = {}
 
 
-def load_method(name: str, model: str, style: str = "auto", device: str | None = None) -> Method:
+def load_method(
+    name: str, model: str, style: str = "auto", device: str | None = None, prefix_caching: bool = False
+) -> Method:
     """Build a method by name with its model(s) loaded."""
     if name != "direct":
         raise ValueError(f"unknown method {name!r}; available: direct")
@@ -16,7 +18,7 @@ def load_method(name: str, model: str, style: str = "auto", device: str | None =
 
     if style == "auto":
         style = PREFERRED_STYLE.get(model, "bfcl")
-    return DirectMethod(Backend(model, device=device), style=style)
+    return DirectMethod(Backend(model, device=device), style=style, prefix_caching=prefix_caching)
 
 
 __all__ = ["Answer", "Method", "load_method", "PREFERRED_STYLE"]

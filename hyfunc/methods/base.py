@@ -20,6 +20,7 @@ class Answer:
     raw_text: str = ""
     input_tokens: int = 0
     output_tokens: int = 0
+    cached_tokens: int = 0  # input tokens served from a reused KV cache (not run again)
     timings: dict[str, float] = field(default_factory=dict)
     error: str | None = None  # set when the model output could not be parsed into calls
 

@@ -13,7 +13,7 @@ from typing import Literal, Sequence
 from hyfunc.formats.calls import CallParseError, parse_calls, parse_python_calls
 from hyfunc.formats.schema import Tool
 from hyfunc.methods.base import Answer
-from hyfunc.models.backend import Backend
+from hyfunc.models.backend import Backend, PrefixCache
 
 PromptStyle = Literal["bfcl", "native"]
 PROMPT_STYLES: tuple[str, ...] = ("bfcl", "native")
@@ -37,7 +37,11 @@ def _python_answer_done(text: str) -> bool:
 
 
 class DirectMethod:
-    def __init__(self, backend: Backend, style: PromptStyle = "bfcl", max_new_tokens: int = 384):
+    def __init__(
+        self, backend: Backend, style: PromptStyle = "bfcl", max_new_tokens: int = 384, prefix_caching: bool = False
+    ):
+        """`prefix_caching` reuses the KV cache of the prompt prefix shared with the previous request
+        (exact; with a fixed tool library, the library is read once)."""
         if style not in PROMPT_STYLES:
             raise ValueError(f"unknown prompt style {style!r}; choose one of {PROMPT_STYLES}")
         if style == "native" and "tools" not in (backend.tokenizer.chat_template or ""):
@@ -45,6 +49,7 @@ class DirectMethod:
         self.backend = backend
         self.style = style
         self.max_new_tokens = max_new_tokens
+        self.prefix_cache = PrefixCache(backend) if prefix_caching else None
         self.name = f"direct-{style}:{backend.name}"
 
     def prompt(self, messages: Sequence[dict], tools: Sequence[Tool]) -> str:
@@ -57,12 +62,13 @@ class DirectMethod:
     def answer(self, messages: Sequence[dict], tools: Sequence[Tool]) -> Answer:
         ids = self.backend.encode(self.prompt(messages, tools))
         stop = _python_answer_done if self.style == "bfcl" else None
-        gen = self.backend.generate(ids=ids, max_new_tokens=self.max_new_tokens, stop=stop)
+        gen = self.backend.generate(ids=ids, max_new_tokens=self.max_new_tokens, stop=stop, prefix_cache=self.prefix_cache)
         answer = Answer(
             calls=[],
             raw_text=gen.text,
             input_tokens=gen.input_tokens,
             output_tokens=len(gen.token_ids),
+            cached_tokens=gen.cached_tokens,
             timings={"prefill": gen.prefill_seconds, "decode": gen.decode_seconds},
         )
         try:

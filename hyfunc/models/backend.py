@@ -32,6 +32,7 @@ class Generation:
     input_tokens: int
     prefill_seconds: float
     decode_seconds: float
+    cached_tokens: int = 0  # prompt tokens whose keys/values came from a PrefixCache
 
 
 def default_device() -> str:
@@ -146,14 +147,22 @@ class Backend:
         cache: DynamicCache | None = None,
         max_new_tokens: int = 256,
         stop: Callable[[str], bool] | None = None,
+        prefix_cache: PrefixCache | None = None,
     ) -> Generation:
         """Greedy decoding after a prompt (ids or embeddings), optionally after a reused cache.
 
+        With `prefix_cache`, the prompt ids it shares with the previous prompt are not run again.
         Stops at an end-of-sequence token, after `max_new_tokens`, or as soon as `stop(text)`
         is true for the text generated so far.
         """
         start = time.perf_counter()
-        step = self.forward(ids=ids, embeds=embeds, cache=cache)
+        cached_tokens = 0
+        if prefix_cache is not None:
+            if ids is None or cache is not None:
+                raise ValueError("prefix_cache works on token ids, without an explicit cache")
+            step, cached_tokens = prefix_cache.run(ids)
+        else:
+            step = self.forward(ids=ids, embeds=embeds, cache=cache)
         input_tokens = len(ids) if ids is not None else int(embeds.shape[0])
         prefill_done = time.perf_counter()
         generated: list[int] = []
@@ -171,4 +180,40 @@ class Backend:
             input_tokens=input_tokens,
             prefill_seconds=prefill_done - start,
             decode_seconds=time.perf_counter() - prefill_done,
+            cached_tokens=cached_tokens,
         )
+
+
+class PrefixCache:
+    """Reuses the KV cache of the previous prompt for the token prefix a new prompt shares with it.
+
+    Exact: the same ids at the same positions give the same keys and values. With a fixed tool
+    library in the system prompt, the library is read once and each request runs only its own
+    tokens. The stored cache is the live one (decoding appends to it); the next `run` crops it back
+    to the shared prefix, so nothing is copied. Not thread-safe: one request at a time.
+    """
+
+    def __init__(self, backend: Backend):
+        self.backend = backend
+        self._ids: list[int] = []
+        self._cache: DynamicCache | None = None
+
+    def run(self, ids: Sequence[int]) -> tuple[StepOutput, int]:
+        """Forward `ids`; returns the step after the last id and how many ids were reused."""
+        ids = list(ids)
+        shared = 0
+        for old, new in zip(self._ids, ids[:-1]):  # keep >= 1 new id: its logits are needed
+            if old != new:
+                break
+            shared += 1
+        cache = None
+        if shared and self._cache is not None:
+            cache = self._cache
+            excess = cache.get_seq_length() - shared
+            if excess:
+                cache.crop(-excess)  # transformers 5 crops by a negative count of tokens to drop
+        else:
+            shared = 0
+        step = self.backend.forward(ids=ids[shared:], cache=cache)
+        self._ids, self._cache = ids, step.cache
+        return step, shared

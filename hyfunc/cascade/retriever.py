@@ -1,0 +1,335 @@
+"""Soft-token function retriever: two projections, cosine similarity, InfoNCE, a calibrated rule.
+
+Training data are precomputed embeddings (see soft_token.py): one soft token per example, the
+embeddings of that example's candidate tools, and which candidates the gold answer calls.
+
+Loss: for each (soft token, gold function) pair, InfoNCE over the positive plus negatives made of
+(a) the example's other candidate tools (hard negatives: same domain, shown to the same prompt)
+and (b) every candidate of the other examples in the batch. The example's other gold functions
+are left out of the denominator (they are not negatives), and so is any column whose `key` (tool
+identity, e.g. its JSON text) equals one of the example's gold tools: the same tool shown in
+another example is not a negative either.
+
+Selection rule, applied to cosine scores against the offered functions:
+- best score < refusal_threshold        -> []  ("no tool fits")
+- otherwise the functions with score >= threshold, best first, at most top_k; at least the best one.
+Both thresholds are chosen on a validation split to maximise exact-set accuracy, where an example
+without a gold call counts as correct only when the selection is empty.
+"""
+from __future__ import annotations
+
+import json
+import math
+import random
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+MANIFEST = "manifest.json"
+WEIGHTS = "retriever.safetensors"
+FORMAT = "hyfunc-retriever"
+FORMAT_VERSION = 1
+
+
+@dataclass
+class RetrieverConfig:
+    query_dim: int  # hidden size of the large model (soft token)
+    function_dim: int  # hidden size of the function embeddings (same model: usually = query_dim)
+    proj_dim: int = 256
+    mlp_hidden: int = 0  # 0: linear projections; > 0: Linear -> GELU -> Linear with this width
+    dropout: float = 0.0
+    temperature: float = 0.07
+    top_k: int = 8  # cap on selected functions (parallel calls need several)
+    threshold: float = 0.5  # keep functions at or above this cosine score
+    refusal_threshold: float = -1.0  # best score below this: refuse (-1: never refuse)
+
+
+@dataclass
+class RetrievalData:
+    """Precomputed embeddings for training or calibration.
+
+    `candidates[i]` indexes the rows of `functions` offered to example i (its tool list);
+    `positives[i]` is the subset of those rows the gold answer calls (empty: no call).
+    `keys[j]` names function row j's tool, so that copies of one tool shown to several examples
+    are never used as each other's negatives; None means every row is a different tool.
+    """
+
+    queries: torch.Tensor  # (N, query_dim)
+    functions: torch.Tensor  # (M, function_dim)
+    candidates: list[list[int]]
+    positives: list[list[int]]
+    keys: list[str] | None = None
+
+    def __post_init__(self) -> None:
+        if not (len(self.queries) == len(self.candidates) == len(self.positives)):
+            raise ValueError("queries, candidates and positives must have one entry per example")
+        for i, (cand, pos) in enumerate(zip(self.candidates, self.positives)):
+            if not set(pos) <= set(cand):
+                raise ValueError(f"example {i}: positives must be among its candidates")
+        if self.keys is not None and len(self.keys) != len(self.functions):
+            raise ValueError("keys must name every function row")
+
+    def __len__(self) -> int:
+        return len(self.candidates)
+
+    def subset(self, indices: Sequence[int]) -> RetrievalData:
+        # Function rows are shared, only the example lists are restricted.
+        return RetrievalData(
+            self.queries[list(indices)], self.functions,
+            [self.candidates[i] for i in indices], [self.positives[i] for i in indices], self.keys,
+        )
+
+
+def _projection(cfg: RetrieverConfig, in_dim: int) -> nn.Module:
+    if cfg.mlp_hidden <= 0:
+        return nn.Linear(in_dim, cfg.proj_dim)
+    return nn.Sequential(
+        nn.Linear(in_dim, cfg.mlp_hidden), nn.GELU(), nn.Dropout(cfg.dropout), nn.Linear(cfg.mlp_hidden, cfg.proj_dim)
+    )
+
+
+class Retriever(nn.Module):
+    def __init__(self, config: RetrieverConfig):
+        super().__init__()
+        self.config = config
+        self.meta: dict[str, Any] = {}  # provenance read back by `load` (see `save`)
+        self.query_proj = _projection(config, config.query_dim)
+        self.function_proj = _projection(config, config.function_dim)
+        # Per-feature standardisation set from the training data: LLM hidden states have a few
+        # huge-magnitude dimensions that would otherwise dominate the first matmul.
+        for name, dim in (("query", config.query_dim), ("function", config.function_dim)):
+            self.register_buffer(f"{name}_mean", torch.zeros(dim))
+            self.register_buffer(f"{name}_std", torch.ones(dim))
+
+    def set_normalization(self, queries: torch.Tensor, functions: torch.Tensor) -> None:
+        for name, x in (("query", queries), ("function", functions)):
+            x = x.float()
+            getattr(self, f"{name}_mean").copy_(x.mean(0))
+            getattr(self, f"{name}_std").copy_(x.std(0, unbiased=False).clamp_min(1e-6) if len(x) > 1 else torch.ones(x.shape[1]))
+
+    # -- scoring ---------------------------------------------------------------------------
+    def project_queries(self, q: torch.Tensor) -> torch.Tensor:
+        """(..., query_dim) -> unit vectors (..., proj_dim)."""
+        q = (q.float() - self.query_mean) / self.query_std
+        return F.normalize(self.query_proj(q), dim=-1)
+
+    def project_functions(self, f: torch.Tensor) -> torch.Tensor:
+        """(..., function_dim) -> unit vectors; cache these for a fixed library."""
+        f = (f.float() - self.function_mean) / self.function_std
+        return F.normalize(self.function_proj(f), dim=-1)
+
+    @torch.no_grad()
+    def scores(self, query_vec: torch.Tensor, function_vecs: torch.Tensor) -> torch.Tensor:
+        """Cosine similarity (n,) of one soft token to each function embedding."""
+        was_training = self.training
+        self.eval()
+        out = self.project_functions(function_vecs) @ self.project_queries(query_vec)
+        self.train(was_training)
+        return out
+
+    def select(self, query_vec: torch.Tensor, function_vecs: torch.Tensor) -> list[int]:
+        """Indices of the functions to offer, best first; [] means refuse."""
+        return self.select_from_scores(self.scores(query_vec, function_vecs))
+
+    def select_from_scores(self, scores: torch.Tensor | Sequence[float]) -> list[int]:
+        return select_indices(scores, self.config.threshold, self.config.refusal_threshold, self.config.top_k)
+
+    # -- persistence: a directory = manifest.json + retriever.safetensors ---------------------
+    def save(self, directory: str | Path, meta: dict[str, Any] | None = None) -> Path:
+        """`meta` records what the embeddings came from (model, instruction, mode) for checks at load."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        state = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
+        save_file(state, str(directory / WEIGHTS))
+        manifest = {
+            "format": FORMAT, "version": FORMAT_VERSION, "weights": WEIGHTS,
+            "config": asdict(self.config), "meta": meta or {},
+        }
+        # The manifest is written last: a directory without one is an interrupted save.
+        tmp = directory / (MANIFEST + ".tmp")
+        tmp.write_text(json.dumps(manifest, indent=2))
+        tmp.replace(directory / MANIFEST)
+        return directory
+
+    @classmethod
+    def load(cls, directory: str | Path) -> Retriever:
+        directory = Path(directory)
+        path = directory / MANIFEST
+        if not path.is_file():
+            raise FileNotFoundError(f"{directory}: no {MANIFEST}; not a saved retriever (or an interrupted save)")
+        manifest = json.loads(path.read_text())
+        if manifest.get("format") != FORMAT or manifest.get("version") != FORMAT_VERSION:
+            raise ValueError(f"{path}: expected format {FORMAT!r} version {FORMAT_VERSION}, got "
+                             f"{manifest.get('format')!r} version {manifest.get('version')!r}")
+        model = cls(RetrieverConfig(**manifest["config"]))
+        model.load_state_dict(load_file(str(directory / manifest["weights"])))
+        model.meta = manifest.get("meta", {})
+        return model.eval()
+
+
+def select_indices(scores: torch.Tensor | Sequence[float], threshold: float, refusal_threshold: float, top_k: int) -> list[int]:
+    s = torch.as_tensor(scores, dtype=torch.float32).flatten()
+    if len(s) == 0 or float(s.max()) < refusal_threshold:
+        return []
+    order = torch.argsort(s, descending=True, stable=True).tolist()
+    keep = [i for i in order[:top_k] if float(s[i]) >= threshold]
+    return keep or order[:1]
+
+
+# ---------------------------------------------------------------------------------------------
+# training
+
+
+def info_nce_loss(model: Retriever, data: RetrievalData, batch: Sequence[int]) -> torch.Tensor | None:
+    """Mean InfoNCE over the (example, gold function) pairs of `batch`; None if it has no pair."""
+    columns = sorted({j for i in batch for j in data.candidates[i]})
+    col_of = {j: c for c, j in enumerate(columns)}
+    keys = [data.keys[j] if data.keys is not None else j for j in columns]
+    rows, targets, masks = [], [], []
+    for r, i in enumerate(batch):
+        gold_keys = {data.keys[j] if data.keys is not None else j for j in data.positives[i]}
+        for p in data.positives[i]:
+            # Allowed: the positive itself and every column that is not one of this example's gold tools.
+            masks.append([c == col_of[p] or k not in gold_keys for c, k in enumerate(keys)])
+            rows.append(r)
+            targets.append(col_of[p])
+    if not rows:
+        return None
+    zq = model.project_queries(data.queries[list(batch)])
+    zf = model.project_functions(data.functions[columns])
+    logits = (zq @ zf.T)[rows] / model.config.temperature
+    logits = logits.masked_fill(~torch.tensor(masks), float("-inf"))
+    return F.cross_entropy(logits, torch.tensor(targets))
+
+
+def train_retriever(
+    model: Retriever,
+    data: RetrievalData,
+    epochs: int = 20,
+    batch_size: int = 32,
+    lr: float = 1e-3,
+    weight_decay: float = 0.01,
+    seed: int = 0,
+) -> list[float]:
+    """AdamW on InfoNCE; returns the mean loss of each epoch. Sets input normalisation first."""
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    used = sorted({j for cand in data.candidates for j in cand})
+    model.set_normalization(data.queries, data.functions[used])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    order = [i for i in range(len(data)) if data.positives[i]]  # no-call examples carry no InfoNCE pair
+    history = []
+    model.train()
+    for _ in range(epochs):
+        rng.shuffle(order)
+        total, pairs = 0.0, 0
+        for b in range(0, len(order), batch_size):
+            batch = order[b : b + batch_size]
+            loss = info_nce_loss(model, data, batch)
+            if loss is None:
+                continue
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            n = sum(len(data.positives[i]) for i in batch)
+            total, pairs = total + loss.item() * n, pairs + n
+        history.append(total / max(pairs, 1))
+    model.eval()
+    return history
+
+
+@torch.no_grad()
+def example_scores(model: Retriever, data: RetrievalData) -> list[torch.Tensor]:
+    """Cosine scores of each example's soft token against its own candidates."""
+    model.eval()
+    zq = model.project_queries(data.queries)
+    zf = model.project_functions(data.functions)
+    return [zf[cand] @ zq[i] for i, cand in enumerate(data.candidates)]
+
+
+def calibrate(model: Retriever, val: RetrievalData, grid_size: int = 201) -> dict[str, float]:
+    """Set threshold and refusal_threshold to maximise exact-set accuracy on `val`; returns the result.
+
+    Accuracy(t, r) = #[no gold and best < r] + #[gold, best >= r, the top-|gold| are the gold set,
+    and the rule keeps exactly |gold|]; the second term is a matrix product over a grid of
+    candidate values, so the whole grid costs one (R x N) @ (N x T) product.
+    """
+    scores = example_scores(model, val)
+    k = model.config.top_k
+    n = len(scores)
+    flat = torch.cat([s for s in scores if len(s)]).numpy() if n else np.zeros(0)
+    grid = np.unique(np.concatenate([np.quantile(flat, np.linspace(0, 1, grid_size)) if len(flat) else [], [-1.0, 1.0]]))
+    # Thresholds halfway between grid points generalise better than ones sitting on observed scores.
+    grid = np.concatenate([[-1.0 - 1e-6], (grid[1:] + grid[:-1]) / 2, [1.0 + 1e-6]])
+    best = np.full(n, -np.inf)
+    gold_n = np.zeros(n, dtype=int)
+    top_ok = np.zeros(n, dtype=bool)
+    counts = np.zeros((n, len(grid)), dtype=int)  # how many candidates score >= t
+    for i, (s, cand, pos) in enumerate(zip(scores, val.candidates, val.positives)):
+        if len(s) == 0:
+            continue
+        s = s.numpy()
+        order = np.argsort(-s, kind="stable")
+        best[i] = s[order[0]]
+        gold = {cand.index(p) for p in pos}
+        gold_n[i] = len(gold)
+        top_ok[i] = set(order[: len(gold)].tolist()) == gold
+        counts[i] = (s[None, :] >= grid[:, None]).sum(1)
+    kept = np.clip(counts, 1, k)  # (N, T): how many the rule keeps at threshold t (if not refused)
+    calls = (gold_n > 0) & top_ok
+    right_size = (kept == gold_n[:, None]) & calls[:, None]  # (N, T)
+    above = (best[None, :] >= grid[:, None]).astype(np.int64)  # (R, N): not refused at r
+    refusals = ((gold_n == 0)[None, :] & (best[None, :] < grid[:, None])).sum(1)  # (R,)
+    acc = refusals[:, None] + above @ right_size.astype(np.int64)  # (R, T)
+    # Ties form plateaus; the middle of one is further from the scores that bound it than its edge.
+    rows = np.unique(np.nonzero(acc == acc.max())[0])
+    r_idx = rows[len(rows) // 2]
+    cols = np.nonzero(acc[r_idx] == acc.max())[0]
+    t_idx = cols[len(cols) // 2]
+    model.config.refusal_threshold = float(grid[r_idx])
+    model.config.threshold = float(grid[t_idx])
+    return {
+        "threshold": model.config.threshold,
+        "refusal_threshold": model.config.refusal_threshold,
+        "exact_set_accuracy": float(acc[r_idx, t_idx]) / max(n, 1),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# metrics: `selected[i]` / `ranked[i]` are candidate positions, `gold[i]` the gold positions
+
+
+def recall_at_k(ranked: Sequence[Sequence[int]], gold: Sequence[Sequence[int]], k: int) -> float:
+    """Mean over examples with a gold call of |top-k ∩ gold| / |gold|."""
+    values = [len(set(r[:k]) & set(g)) / len(set(g)) for r, g in zip(ranked, gold) if g]
+    return sum(values) / len(values) if values else math.nan
+
+
+def exact_set_accuracy(selected: Sequence[Sequence[int]], gold: Sequence[Sequence[int]]) -> float:
+    """Share of examples whose selection is exactly the gold set ([] for no call)."""
+    pairs = list(zip(selected, gold))
+    return sum(set(s) == set(g) for s, g in pairs) / len(pairs) if pairs else math.nan
+
+
+def refusal_accuracy(selected: Sequence[Sequence[int]], gold: Sequence[Sequence[int]]) -> float:
+    """Among examples without a gold call, the share with an empty selection."""
+    values = [not s for s, g in zip(selected, gold) if not g]
+    return sum(values) / len(values) if values else math.nan
+
+
+def evaluate(model: Retriever, data: RetrievalData, ks: Sequence[int] = (1, 3, 5)) -> dict[str, float]:
+    """Recall@k, exact-set accuracy and refusal accuracy of `model` (with its thresholds) on `data`."""
+    scores = example_scores(model, data)
+    ranked = [torch.argsort(s, descending=True, stable=True).tolist() for s in scores]
+    gold = [[cand.index(p) for p in pos] for cand, pos in zip(data.candidates, data.positives)]
+    selected = [model.select_from_scores(s) for s in scores]
+    out = {f"recall@{k}": recall_at_k(ranked, gold, k) for k in ks}
+    out["exact_set_accuracy"] = exact_set_accuracy(selected, gold)
+    out["refusal_accuracy"] = refusal_accuracy(selected, gold)
+    return out
