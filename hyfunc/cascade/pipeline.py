@@ -1,0 +1,138 @@
+"""The online cascade: large model -> soft token -> retriever -> small model + dynamic templating.
+
+Per request:
+  1. one forward pass of the large model over [instruction + tools + request]
+     (or only the request, after a cached fixed library) -> soft token + function embeddings;
+  2. the retriever keeps the relevant tools, or none ("no tool fits" -> no call);
+  3. the small model reads [instruction + retrieved tools + request + projected soft token] and
+     the templating decoder writes the call list, generating only what the schemas leave open.
+
+An artifact directory (written by `hyfunc prepare`) holds what was trained::
+
+    manifest.json        models, data hash, hyper-parameters, metrics
+    retriever/           manifest.json + retriever.safetensors
+    projector.safetensors, projector.json
+    adapter/             LoRA adapter of the small model (peft), optional
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from hyfunc.cascade.retriever import Retriever
+from hyfunc.cascade.small_model import SoftTokenProjector, build_small_prompt, load_projector, prompt_embeds
+from hyfunc.cascade.soft_token import LibraryCache, SoftTokenEncoder
+from hyfunc.cascade.templating import TemplateDecoder
+from hyfunc.formats.calls import CallParseError, parse_calls
+from hyfunc.formats.schema import Tool
+from hyfunc.methods.base import Answer
+from hyfunc.models.backend import Backend
+
+MANIFEST = "manifest.json"
+
+
+@dataclass
+class CascadeOptions:
+    """Switches for the ablations; all on is the HyFunc cascade."""
+
+    soft_token: bool = True  # insert the projected soft token into the small model's prompt
+    retriever: bool = True  # False: the small model sees every offered tool
+    templating: bool = True  # False: free greedy decoding of the call text, then parsed
+
+
+def _request_text(messages: Sequence[dict]) -> str:
+    users = [m["content"] for m in messages if m.get("role") == "user"]
+    if not users:
+        raise ValueError("the request has no user message")
+    return users[-1]
+
+
+class HyFuncMethod:
+    def __init__(
+        self,
+        large: Backend,
+        small: Backend,
+        retriever: Retriever,
+        projector: SoftTokenProjector | None,
+        options: CascadeOptions | None = None,
+        name: str = "hyfunc",
+    ):
+        self.large, self.small = large, small
+        self.encoder = SoftTokenEncoder(large)
+        self.retriever = retriever
+        self.projector = projector.to(small.device).eval() if projector is not None else None
+        self.options = options or CascadeOptions()
+        if self.options.soft_token and self.projector is None:
+            raise ValueError("the soft-token prefix needs a trained projector")
+        self.decoder = TemplateDecoder(small)
+        self.name = name
+        self._library: LibraryCache | None = None
+
+    @classmethod
+    def load(cls, directory: str | Path, options: CascadeOptions | None = None, device: str | None = None) -> HyFuncMethod:
+        directory = Path(directory)
+        manifest_path = directory / MANIFEST
+        if not manifest_path.is_file():
+            raise FileNotFoundError(f"{directory}: no {MANIFEST}; not a prepared cascade (run `hyfunc prepare`)")
+        manifest = json.loads(manifest_path.read_text())
+        large = Backend(manifest["large_model"], device=device)
+        small = Backend(manifest["small_model"], device=device)
+        if (directory / "adapter").is_dir():
+            from peft import PeftModel
+
+            # Merged once at load: inference then runs a plain model, no adapter overhead.
+            small.model = PeftModel.from_pretrained(small.model, directory / "adapter").merge_and_unload().eval()
+        projector = load_projector(directory) if (directory / "projector.json").is_file() else None
+        retriever = Retriever.load(directory / "retriever")
+        return cls(large, small, retriever, projector, options, name=f"hyfunc:{directory.name}")
+
+    def use_library(self, tools: Sequence[Tool]) -> None:
+        """Fix the tool library (the server case): its KV cache is computed once and reused."""
+        self._library = self.encoder.build_library(tools)
+
+    def answer(self, messages: Sequence[dict], tools: Sequence[Tool]) -> Answer:
+        timings: dict[str, float] = {}
+        start = time.perf_counter()
+        library = self._library if self._library is not None and self._library.tools == list(tools) else None
+        encoding = self.encoder.encode(messages, library if library is not None else tools)
+        timings["large_prefill"] = time.perf_counter() - start
+
+        start = time.perf_counter()
+        if self.options.retriever:
+            selected = [tools[i] for i in self.retriever.select(encoding.soft_token, encoding.function_embeddings)]
+        else:
+            selected = list(tools)
+        timings["retrieve"] = time.perf_counter() - start
+        answer = Answer(calls=[], input_tokens=encoding.input_tokens, cached_tokens=encoding.cached_tokens, timings=timings)
+        if not selected:
+            return answer  # no tool fits: the small model is not run
+
+        start = time.perf_counter()
+        soft = encoding.soft_token if self.options.soft_token else None
+        prompt = build_small_prompt(self.small, _request_text(messages), selected, with_soft_token=soft is not None)
+        with torch.inference_mode():
+            embeds = prompt_embeds(self.small, self.projector, prompt, soft)
+        answer.input_tokens += len(prompt)
+        if self.options.templating:
+            step = self.small.forward(embeds=embeds)
+            timings["small_prefill"] = time.perf_counter() - start
+            start = time.perf_counter()
+            out = self.decoder.decode(step, selected)
+            timings["small_decode"] = time.perf_counter() - start
+            answer.calls, answer.raw_text = out.calls, out.text
+            answer.output_tokens, answer.injected_tokens = out.generated_tokens, out.injected_tokens
+            return answer
+        # Ablation: the small model writes the whole call text itself.
+        gen = self.small.generate(embeds=embeds, max_new_tokens=256)
+        timings["small_prefill"], timings["small_decode"] = gen.prefill_seconds, gen.decode_seconds
+        answer.raw_text, answer.output_tokens = gen.text, len(gen.token_ids)
+        try:
+            answer.calls = parse_calls(gen.text)
+        except CallParseError as err:
+            answer.error = str(err)
+        return answer

@@ -1,0 +1,285 @@
+"""Offline preparation of a cascade (`hyfunc prepare`): embeddings -> retriever -> small-model SFT.
+
+Every stage writes its result into the artifact directory and is skipped when that result is
+already there, so an interrupted run resumes where it stopped:
+
+    embeddings/NNNNN.safetensors   large-model soft tokens + function embeddings, one shard per
+                                   `shard_size` examples (a shard is written whole or not at all)
+    retriever/                     trained + calibrated retriever (manifest written last)
+    sft/                           small-model checkpoint (projector, LoRA adapter, step), per epoch
+    projector.*, adapter/          the final small-model parts
+    manifest.json                  models, data hash, hyper-parameters, metrics (written last)
+
+Training data never include BFCL: they come from the given JSON Lines files (fc-train).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from safetensors.torch import load_file, save_file
+from tqdm.auto import tqdm
+
+from hyfunc.cascade.data import Example, load_examples, split_examples
+from hyfunc.cascade.retriever import RetrievalData, Retriever, RetrieverConfig, calibrate, evaluate, train_retriever
+from hyfunc.cascade.small_model import SoftTokenProjector, build_small_prompt, save_projector, soft_prefix_loss
+from hyfunc.cascade.soft_token import SoftTokenEncoder
+from hyfunc.cascade.templating import TemplateDecoder, TemplateError, target_token_mask
+from hyfunc.models.backend import Backend
+
+
+@dataclass
+class PrepareConfig:
+    large_model: str
+    small_model: str
+    data: list[str]
+    val_fraction: float = 0.1
+    irrelevant_fraction: float = 0.15  # extra no-call examples: a request paired with unrelated tools
+    shard_size: int = 64
+    retriever: dict = field(default_factory=lambda: {"proj_dim": 256, "mlp_hidden": 0, "epochs": 30, "lr": 1e-3})
+    sft_epochs: int = 1
+    sft_lr: float = 2e-4
+    sft_grad_accum: int = 8
+    lora_rank: int = 16  # 0: train the projector only
+    max_examples: int | None = None  # a smaller run for quick checks
+    seed: int = 0
+
+
+def data_hash(paths: Sequence[str]) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(p for item in map(Path, paths) for p in ([item] if item.is_file() else sorted(item.glob("*.jsonl")))):
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def augment_irrelevant(examples: list[Example], fraction: float, seed: int) -> list[Example]:
+    """No-call examples built from the data itself: a request shown only tools of another example
+    that share no name with its own, so nothing offered can serve it. Teaches refusal."""
+    rng = random.Random(seed)
+    callers = [e for e in examples if e.answers]
+    extra = []
+    for i in range(int(len(examples) * fraction)):
+        ex, other = rng.sample(callers, 2)
+        own = {t.name for t in ex.tools}
+        tools = [t for t in other.tools if t.name not in own]
+        if tools:
+            extra.append(Example(f"{ex.id}~irrelevant{i}", "augmented-irrelevant", ex.query, tools, []))
+    return examples + extra
+
+
+# ---------------------------------------------------------------------------------------------
+# stage 1: large-model embeddings
+
+
+def compute_embeddings(encoder: SoftTokenEncoder, examples: list[Example], directory: Path, shard_size: int) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    shards = range(0, len(examples), shard_size)
+    with tqdm(total=len(examples), desc="large-model embeddings", unit="ex") as bar:
+        for number, start in enumerate(shards):
+            path = directory / f"{number:05d}.safetensors"
+            chunk = examples[start : start + shard_size]
+            if path.is_file():
+                bar.update(len(chunk))
+                continue
+            soft, functions = [], []
+            for ex in chunk:
+                encoding = encoder.encode(ex.query, ex.tools)
+                soft.append(encoding.soft_token)
+                functions.append(encoding.function_embeddings)
+                bar.update(1)
+            tensors = {
+                "soft_tokens": torch.stack(soft),
+                "functions": torch.cat(functions),
+                "counts": torch.tensor([len(f) for f in functions]),
+            }
+            tmp = path.with_suffix(".tmp")
+            save_file(tensors, str(tmp), metadata={"ids": json.dumps([ex.id for ex in chunk])})
+            tmp.replace(path)
+
+
+def load_embeddings(directory: Path) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """id -> (soft token (H,), function embeddings (n_tools, H))."""
+    from safetensors import safe_open
+
+    out = {}
+    for path in sorted(directory.glob("*.safetensors")):
+        with safe_open(str(path), "pt") as f:
+            ids = json.loads(f.metadata()["ids"])
+        tensors = load_file(str(path))
+        functions = torch.split(tensors["functions"], tensors["counts"].tolist())
+        for row, ex_id in enumerate(ids):
+            out[ex_id] = (tensors["soft_tokens"][row], functions[row])
+    return out
+
+
+def retrieval_data(examples: list[Example], embeddings: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> RetrievalData:
+    queries, functions, candidates, positives, keys = [], [], [], [], []
+    for ex in examples:
+        start = len(keys)
+        soft, function_embeddings = embeddings[ex.id]
+        functions.append(function_embeddings)
+        candidates.append(list(range(start, start + len(ex.tools))))
+        gold = {c.name for c in ex.answers}
+        positives.append([start + i for i, t in enumerate(ex.tools) if t.name in gold])
+        keys += [json.dumps(t.to_json_schema(), sort_keys=True) for t in ex.tools]
+        queries.append(soft)
+    return RetrievalData(torch.stack(queries), torch.cat(functions), candidates, positives, keys)
+
+
+# ---------------------------------------------------------------------------------------------
+# stage 2: retriever
+
+
+def prepare_retriever(
+    directory: Path, train: RetrievalData, val: RetrievalData, hidden: int, options: dict, seed: int
+) -> tuple[Retriever, dict]:
+    if (directory / "manifest.json").is_file():
+        retriever = Retriever.load(directory)
+        return retriever, retriever.meta.get("metrics", {})
+    training = {k: options[k] for k in ("epochs", "lr") if k in options}
+    config = RetrieverConfig(query_dim=hidden, function_dim=hidden, **{k: v for k, v in options.items() if k not in training})
+    retriever = Retriever(config)
+    history = train_retriever(retriever, train, seed=seed, **training)
+    calibration = calibrate(retriever, val)
+    metrics = {"loss_history": history, "calibration": calibration, "validation": evaluate(retriever, val)}
+    retriever.save(directory, meta={"metrics": metrics})
+    return retriever, metrics
+
+
+# ---------------------------------------------------------------------------------------------
+# stage 3: small model (projector + LoRA) on soft-token-prefixed prompts
+
+
+def sft_items(examples, embeddings, retriever: Retriever, small: Backend, decoder: TemplateDecoder):
+    """(prompt, soft token, target ids, loss mask) per example. The prompt shows what the retriever
+    selects plus any gold tool it missed, so training sees realistic distractors and a full answer."""
+    items, skipped = [], 0
+    for ex in examples:
+        soft, function_embeddings = embeddings[ex.id]
+        selected = set(retriever.select(soft, function_embeddings)) if len(ex.tools) else set()
+        gold = {c.name for c in ex.answers}
+        tools = [t for i, t in enumerate(ex.tools) if i in selected or t.name in gold]
+        try:
+            ids, mask = target_token_mask(small, ex.answers, tools, decoder)
+        except TemplateError:
+            skipped += 1  # gold calls the schema cannot express (e.g. a value of the wrong type)
+            continue
+        items.append((build_small_prompt(small, ex.query, tools), soft, ids, mask))
+    return items, skipped
+
+
+def train_small(
+    directory: Path, small: Backend, large_hidden: int, items: list, config: PrepareConfig
+) -> tuple[SoftTokenProjector, dict]:
+    """Projector + LoRA adapter, trained together; a checkpoint per epoch lets a run resume."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    torch.manual_seed(config.seed)
+    checkpoint = directory / "sft"
+    projector = SoftTokenProjector(large_hidden, small.model.get_input_embeddings().embedding_dim)
+    state = json.loads((checkpoint / "state.json").read_text()) if (checkpoint / "state.json").is_file() else {"epoch": 0, "losses": []}
+    if state["epoch"]:
+        projector.load_state_dict(load_file(str(checkpoint / "projector.safetensors")))
+    if config.lora_rank:
+        if (checkpoint / "adapter").is_dir():
+            small.model = PeftModel.from_pretrained(small.model, checkpoint / "adapter", is_trainable=True)
+        else:
+            lora = LoraConfig(r=config.lora_rank, lora_alpha=2 * config.lora_rank, lora_dropout=0.05,
+                              target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+            small.model = get_peft_model(small.model, lora)
+    else:
+        small.model.requires_grad_(False)
+    params = list(projector.parameters()) + [p for p in small.model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=config.sft_lr)
+    small.model.train()
+    for epoch in range(state["epoch"], config.sft_epochs):
+        order = list(range(len(items)))
+        random.Random(config.seed + epoch).shuffle(order)
+        running = []
+        for step, index in enumerate(tqdm(order, desc=f"small-model SFT epoch {epoch + 1}", unit="ex")):
+            prompt, soft, ids, mask = items[index]
+            loss = soft_prefix_loss(small, projector, prompt, soft, ids, mask) / config.sft_grad_accum
+            loss.backward()
+            running.append(loss.item() * config.sft_grad_accum)
+            if (step + 1) % config.sft_grad_accum == 0 or step + 1 == len(order):
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+        state["losses"].append(sum(running) / max(len(running), 1))
+        state["epoch"] = epoch + 1
+        save_projector(projector, checkpoint)
+        if config.lora_rank:
+            small.model.save_pretrained(checkpoint / "adapter")
+        (checkpoint / "state.json").write_text(json.dumps(state))
+    small.model.eval()
+    projector.eval()
+    save_projector(projector, directory)
+    if config.lora_rank:
+        small.model.save_pretrained(directory / "adapter")
+    return projector, {"epoch_losses": state["losses"], "items": len(items)}
+
+
+# ---------------------------------------------------------------------------------------------
+# the whole preparation
+
+
+def model_record(backend: Backend, name: str) -> dict:
+    from hyfunc.models.registry import DEFAULT_MODELS
+
+    record = {"name": name, "hidden_size": backend.hidden_size}
+    if name in DEFAULT_MODELS:
+        record["gguf_sha256"] = DEFAULT_MODELS[name].sha256
+    return record
+
+
+def prepare(config: PrepareConfig, out: Path, large: Backend | None = None, small: Backend | None = None) -> dict:
+    """Run (or resume) every stage; returns the manifest. Backends may be passed in (tests)."""
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    examples = load_examples(config.data)
+    if config.max_examples:
+        examples = examples[: config.max_examples]
+    train, val = split_examples(examples, config.val_fraction)
+    train = augment_irrelevant(train, config.irrelevant_fraction, config.seed)
+    val = augment_irrelevant(val, config.irrelevant_fraction, config.seed + 1)
+
+    large = large or Backend(config.large_model)
+    compute_embeddings(SoftTokenEncoder(large), train + val, out / "embeddings", config.shard_size)
+    embeddings = load_embeddings(out / "embeddings")
+    timings = {"embeddings": time.perf_counter() - started}
+
+    start = time.perf_counter()
+    retriever, retriever_metrics = prepare_retriever(
+        out / "retriever", retrieval_data(train, embeddings), retrieval_data(val, embeddings),
+        large.hidden_size, dict(config.retriever), config.seed,
+    )
+    timings["retriever"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    small = small or Backend(config.small_model)
+    items, skipped = sft_items(train, embeddings, retriever, small, TemplateDecoder(small))
+    _, sft_metrics = train_small(out, small, large.hidden_size, items, config)
+    sft_metrics["skipped_examples"] = skipped
+    timings["sft"] = time.perf_counter() - start
+
+    manifest = {
+        "format": "hyfunc-cascade",
+        "version": 1,
+        "large_model": config.large_model,
+        "small_model": config.small_model,
+        "models": {"large": model_record(large, config.large_model), "small": model_record(small, config.small_model)},
+        "data": {"paths": config.data, "sha256": data_hash(config.data), "train": len(train), "validation": len(val)},
+        "config": asdict(config),
+        "metrics": {"retriever": retriever_metrics, "sft": sft_metrics},
+        "seconds": timings,
+    }
+    tmp = out / "manifest.json.tmp"
+    tmp.write_text(json.dumps(manifest, indent=2))
+    tmp.replace(out / "manifest.json")
+    return manifest

@@ -1,0 +1,848 @@
+"""Dynamic templating: the small model writes only what it must choose; the rest is injected.
+
+Output format (JSON, because tool names may contain spaces and dots)::
+
+    [{"name": "<tool name>", "arguments": {"<key>": <value>, ...}}, {...}]
+
+It is exactly ``json.dumps(calls, ensure_ascii=False)`` with the default separators (", ", ": "),
+arguments ordered as the decoder writes them: required keys in schema (``properties``) order,
+then the chosen optional keys, also in schema order. `render_target` renders gold calls so.
+
+The skeleton comes from the candidate tools' *schemas* only. The model (greedy, its logits
+restricted to what is allowed at that point) chooses:
+
+- whether to call anything (``[]`` is always an option), which offered tool (a trie over the
+  JSON-encoded names), how many calls (after each call ``, `` for another or ``]``; capped);
+- which optional parameters to fill (after the required keys are injected, a choice among the
+  remaining optional keys, in schema order, or ``}``);
+- the values, under type constraints: string (free tokens that are valid JSON string content,
+  ending with a token that ends exactly with the closing quote; capped), integer and number (the
+  JSON number grammar as a character automaton), boolean/enum/null (tries over JSON encodings),
+  arrays (items recursively, ``, ``/``]`` chosen after each item; capped), objects with
+  properties (like the arguments), free objects and ``any`` (a small depth-limited JSON grammar).
+
+Boilerplate (``[{"name": "``, the rest of a name once its prefix is unique, ``", "arguments": {``,
+``"key": ``, punctuation) is never sampled: it is buffered as text and run through the model in
+one forward pass together with the last generated token, when the next decision needs logits.
+
+Three kinds of decision, all by the model's logits:
+
+- *step*: argmax over an allowed token set; the token is emitted and fed ("generated").
+- *choice among strings* (`_choose`): steps restricted to tokens that keep the text a prefix of
+  some option; once a single option is left its remainder is injected. When the text equals an
+  option that others extend (integer enum ``1`` vs ``10``) stopping is a *peek*.
+- *peek*: compare the best logit of several token sets without emitting any of them, e.g.
+  "continue the number" (digit tokens) against "stop" (tokens starting with ``,``/``}``/``]``),
+  or, where a value may start in different ways, "close the array" (``]...``) against "another
+  item". The winner's set decides; what follows is then injected or stepped. A peek costs no
+  forward pass and emits nothing, so the logits of the next position are not needed.
+
+Training targets (`target_token_mask`) run the very same walker in *teacher* mode: decisions
+follow the gold calls, tokens follow the natural tokenization of each segment, and no model is
+run, so the target ids are exactly the ids the decoder feeds when its logits agree with the
+gold (a teacher-forcing test checks this). Its mask marks the tokens whose logits drive the
+decoder: generated tokens, plus the token right after each peek decision (e.g. the ``,`` after
+a number, the ``"`` opening a string where ``null`` was possible) so the model learns to stop.
+
+Known limits: BPE tokens that are partial UTF-8 sequences (byte fallback pieces) are never
+allowed, so a character without a whole-character token cannot appear in a generated string;
+an escape sequence must lie within one token; caps (calls, string tokens, array items, number
+length, ``any`` depth) truncate; the decoder extends the caller's KV cache in place (pass a
+`Backend.fork` to keep it) and does not feed the final tokens of its output.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from hyfunc.formats.calls import Call
+from hyfunc.formats.schema import Param, Tool
+from hyfunc.models.backend import StepOutput
+
+__all__ = ["TemplateDecoder", "TemplatedOutput", "render_target", "target_token_mask", "TemplateError"]
+
+
+class TemplateError(ValueError):
+    """Gold calls that the template cannot produce (unknown tool, invalid argument, ...)."""
+
+
+@dataclass
+class TemplatedOutput:
+    calls: list[Call]
+    text: str  # the full JSON emitted
+    token_ids: list[int]  # every emitted token, generated and injected, in order
+    generated_tokens: int  # tokens chosen by the model's logits (argmax over an allowed set)
+    injected_tokens: int  # tokens forced by the template
+    forward_calls: int  # model forward passes run by the decoder
+    seconds: float  # wall time of `decode`
+    forward_seconds: float = 0.0  # of which in model forward passes
+
+
+_MISSING = object()
+
+# ---------------------------------------------------------------------------------------------
+# Vocabulary tables, computed once per (tokenizer, size)
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    # GPT-2 / Qwen byte-level BPE: every byte is spelled as one printable unicode character.
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, (chr(c) for c in cs)))
+
+
+def _token_strings(tokenizer: Any, size: int) -> list[str | None]:
+    """The text of every token id as it appears inside a longer text; None when it is a special
+    token, a partial UTF-8 sequence, empty, or out of the tokenizer's range."""
+    n = min(size, len(tokenizer))
+    special: set[int] = set(getattr(tokenizer, "all_special_ids", []) or [])
+    special.update(getattr(tokenizer, "added_tokens_decoder", {}) or {})
+    pieces = tokenizer.convert_ids_to_tokens(list(range(n)))
+    byte_of = {c: b for b, c in _bytes_to_unicode().items()}
+    byte_level = all(p is None or i in special or all(ch in byte_of for ch in p) for i, p in enumerate(pieces))
+    out: list[str | None] = [None] * size
+    for i, p in enumerate(pieces):
+        if p is None or i in special:
+            continue
+        if byte_level:
+            try:
+                s = bytes(byte_of[ch] for ch in p).decode("utf-8")
+            except UnicodeDecodeError:
+                continue
+        elif p.startswith("<0x") and p.endswith(">") and len(p) == 6:  # sentencepiece byte piece
+            b = int(p[3:5], 16)
+            if b >= 0x80:
+                continue
+            s = chr(b)
+        else:
+            s = p.replace("\u2581", " ")
+            if "\ufffd" in s:
+                continue
+        if s:
+            out[i] = s
+    return out
+
+
+_NUM_CHARS = set("0123456789-+.eE")
+_DIGITS = set("0123456789")
+# JSON number automaton. Accepting states: zero, int, frac, exp, exp2.
+_ACCEPT = {"zero", "int", "frac", "exp", "exp2"}
+
+
+def _num_next(state: str, ch: str, integer: bool) -> str | None:
+    if state == "start":
+        return "minus" if ch == "-" else "zero" if ch == "0" else "int" if ch in _DIGITS else None
+    if state == "minus":
+        return "zero" if ch == "0" else "int" if ch in _DIGITS else None
+    if state in ("zero", "int"):
+        if state == "int" and ch in _DIGITS:
+            return "int"
+        if integer:
+            return None
+        return "dot" if ch == "." else "e" if ch in "eE" else None
+    if state in ("dot", "frac"):
+        if ch in _DIGITS:
+            return "frac"
+        return "e" if state == "frac" and ch in "eE" else None
+    if state == "e":
+        return "esign" if ch in "+-" else "exp" if ch in _DIGITS else None
+    if state == "esign":
+        return "exp" if ch in _DIGITS else None
+    if state == "exp":  # at most two exponent digits: a decoded number never overflows to inf
+        return "exp2" if ch in _DIGITS else None
+    return None
+
+
+class _Vocab:
+    def __init__(self, tokenizer: Any, size: int):
+        self.size = size
+        self.strings = _token_strings(tokenizer, size)
+        self.by_string: dict[str, list[int]] = {}
+        # String content masks per state (0: normal, 1: right after an unpaired backslash):
+        # safe (ends in state 0), open (ends in state 1), closing (ends with the closing quote).
+        z = lambda: torch.zeros(size, dtype=torch.bool)  # noqa: E731
+        safe, opened, closing = [z(), z()], [z(), z()], [z(), z()]
+        starts: dict[str, torch.Tensor] = {c: torch.zeros(size, dtype=torch.bool) for c in '"[]{},'}
+        self.num_tokens: list[tuple[int, str]] = []
+        for i, s in enumerate(self.strings):
+            if s is None:
+                continue
+            self.by_string.setdefault(s, []).append(i)
+            for state in (0, 1):
+                kind = _string_piece_kind(s, state)
+                if kind is not None:
+                    (safe, opened, closing)[kind][state][i] = True
+            if s[0] in starts:
+                starts[s[0]][i] = True
+            if all(ch in _NUM_CHARS for ch in s):
+                self.num_tokens.append((i, s))
+        self.str_safe, self.str_open, self.str_closing = safe, opened, closing
+        self.str_any = [safe[st] | opened[st] | closing[st] for st in (0, 1)]
+        self.starts = starts
+        self.terminators = starts[","] | starts["}"] | starts["]"]
+        self._num: dict[tuple[bool, str], tuple[torch.Tensor, dict[int, str]]] = {}
+
+    def number_step(self, integer: bool, state: str) -> tuple[torch.Tensor, dict[int, str]]:
+        """Tokens that keep the number grammar alive from `state`, with the state each leads to."""
+        key = (integer, state)
+        if key not in self._num:
+            mask = torch.zeros(self.size, dtype=torch.bool)
+            nxt: dict[int, str] = {}
+            for i, s in self.num_tokens:
+                st: str | None = state
+                for ch in s:
+                    st = _num_next(st, ch, integer)
+                    if st is None:
+                        break
+                if st is not None:
+                    mask[i] = True
+                    nxt[i] = st
+            self._num[key] = (mask, nxt)
+        return self._num[key]
+
+    def prefix_ids(self, suffixes: Sequence[str]) -> list[int]:
+        """Token ids whose text is a non-empty prefix of one of `suffixes` (sorted, unique)."""
+        ids: set[int] = set()
+        get = self.by_string.get
+        for r in suffixes:
+            for k in range(1, len(r) + 1):
+                found = get(r[:k])
+                if found:
+                    ids.update(found)
+        return sorted(ids)
+
+    def mask_of(self, ids: Sequence[int]) -> torch.Tensor:
+        m = torch.zeros(self.size, dtype=torch.bool)
+        if ids:
+            m[torch.tensor(list(ids))] = True
+        return m
+
+
+_ESCAPES = set('"\\/bfnrt')
+_HEX = set("0123456789abcdefABCDEF")
+
+
+def _string_piece_kind(s: str, state: int) -> int | None:
+    """How token text `s` continues JSON string content in `state` (1: after an unpaired
+    backslash): 0 valid content, 1 valid content ending inside an escape (a trailing unpaired
+    backslash), 2 valid content then the closing quote (at the very end), None invalid."""
+    if state == 1:
+        if s[:1] in _ESCAPES:
+            s = s[1:]
+        elif s[:1] == "u" and len(s) >= 5 and all(c in _HEX for c in s[1:5]):
+            s = s[5:]
+        else:
+            return None
+        if not s:
+            return 0
+    if _string_content_ok(s):
+        return 0
+    if s.endswith("\\") and _string_content_ok(s + "\\"):
+        return 1
+    if s.endswith('"') and _string_content_ok(s[:-1]):
+        return 2
+    return None
+
+
+def _string_content_ok(s: str) -> bool:
+    """Is `s` a complete piece of JSON string content (no quote/backslash/control unescaped)?"""
+    if '"' not in s and "\\" not in s and all(ord(ch) >= 0x20 for ch in s):
+        return True
+    try:
+        json.loads('"' + s + '"')
+    except ValueError:
+        return False
+    return True
+
+
+_VOCABS: dict[tuple[int, int], tuple[Any, _Vocab]] = {}
+
+
+def _vocab_for(tokenizer: Any, size: int) -> _Vocab:
+    key = (id(tokenizer), size)
+    hit = _VOCABS.get(key)
+    if hit is not None and hit[0] is tokenizer:
+        return hit[1]
+    vocab = _Vocab(tokenizer, size)
+    if len(_VOCABS) >= 4:
+        _VOCABS.pop(next(iter(_VOCABS)))
+    _VOCABS[key] = (tokenizer, vocab)  # keeps the tokenizer alive so the id is not reused
+    return vocab
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# The walker: one code path for decoding (model mode) and target building (teacher mode)
+
+
+class _Session:
+    def __init__(self, dec: TemplateDecoder, vocab: _Vocab, step: StepOutput | None, teacher: bool):
+        self.dec = dec
+        self.vocab = vocab
+        self.teacher = teacher
+        self.backend = dec.backend
+        self.cache = step.cache if step is not None else None
+        self.logits = step.logits if step is not None else None
+        self.text_parts: list[str] = []
+        self.ids: list[int] = []
+        self.generated: list[bool] = []
+        self.decision: list[bool] = []
+        self.pending_text = ""
+        self.feed: list[int] = []
+        self.decision_pending = False
+        self.forward_calls = 0
+        self.forward_seconds = 0.0
+
+    # -- emission --------------------------------------------------------------------------
+    def _append(self, tid: int, generated: bool) -> None:
+        self.ids.append(tid)
+        self.generated.append(generated)
+        self.decision.append(generated or self.decision_pending)
+        self.decision_pending = False
+        self.feed.append(tid)
+
+    def inject(self, text: str) -> None:
+        if text:
+            self.pending_text += text
+            self.text_parts.append(text)
+
+    def _flush_text(self) -> None:
+        if self.pending_text:
+            for tid in self.backend.encode(self.pending_text):
+                self._append(tid, False)
+            self.pending_text = ""
+
+    def _current_logits(self) -> torch.Tensor:
+        self._flush_text()
+        if self.feed:
+            start = time.perf_counter()
+            out = self.backend.forward(ids=self.feed, cache=self.cache)
+            self.forward_seconds += time.perf_counter() - start
+            self.forward_calls += 1
+            self.cache = out.cache
+            self.logits = out.logits[: self.vocab.size]
+            self.feed = []
+        logits = self.logits
+        if logits.shape[0] < self.vocab.size:
+            logits = torch.cat([logits, logits.new_full((self.vocab.size - logits.shape[0],), -math.inf)])
+            self.logits = logits
+        return logits
+
+    def finish(self) -> None:
+        self._flush_text()  # the last tokens are counted but not run through the model
+        self.feed = []
+
+    @property
+    def text(self) -> str:
+        return "".join(self.text_parts)
+
+    # -- decisions -------------------------------------------------------------------------
+    def _teacher_pick(self, allowed: Any, target: str) -> int:
+        """A token for the start of `target`: its natural first token if allowed, else the
+        longest allowed token that is a prefix of it."""
+        ok = (lambda t: bool(allowed[t])) if isinstance(allowed, torch.Tensor) else (lambda t, s=set(allowed): t in s)
+        strings = self.vocab.strings
+        first = self.backend.encode(target)[:1]
+        if first and first[0] < self.vocab.size and strings[first[0]] and target.startswith(strings[first[0]]) and ok(first[0]):
+            return first[0]
+        for k in range(len(target), 0, -1):
+            for t in self.vocab.by_string.get(target[:k], ()):
+                if ok(t):
+                    return t
+        raise TemplateError(f"no allowed token can start {target!r}")
+
+    def step(self, allowed: torch.Tensor | list[int], target: str | None = None) -> str:
+        """Emit one token from `allowed` (a bool mask or a list of ids); returns its text."""
+        self._flush_text()
+        if self.teacher:
+            assert target is not None
+            tid = self._teacher_pick(allowed, target)
+        else:
+            logits = self._current_logits()
+            if isinstance(allowed, torch.Tensor):
+                tid = int(torch.argmax(logits.masked_fill(~allowed, -math.inf)))
+                if not allowed[tid]:  # every allowed logit is -inf (or NaN): take the first allowed
+                    tid = int(torch.nonzero(allowed)[0])
+            else:
+                if not allowed:
+                    raise RuntimeError("no allowed token")
+                sub = logits[torch.tensor(allowed)]
+                sub = torch.nan_to_num(sub, nan=-math.inf)
+                tid = allowed[int(torch.argmax(sub))]
+        s = self.vocab.strings[tid]
+        assert s is not None
+        self._append(tid, True)
+        self.text_parts.append(s)
+        return s
+
+    def peek(self, masks: Sequence[torch.Tensor], gold: int | None = None) -> int:
+        """Which token set holds the best logit; nothing is emitted. The token after the decision
+        is marked in the target mask (the model's logits there decided it)."""
+        if self.teacher:
+            assert gold is not None
+            self._flush_text()
+            choice = gold
+        else:
+            logits = self._current_logits()
+            best = [
+                float(logits.masked_fill(~m, -math.inf).max()) if bool(m.any()) else -math.inf for m in masks
+            ]
+            best = [-math.inf if math.isnan(b) else b for b in best]
+            choice = max(range(len(masks)), key=lambda i: (best[i], -i))
+            if best[choice] == -math.inf:
+                choice = next((i for i, m in enumerate(masks) if bool(m.any())), 0)
+        self.decision_pending = True
+        return choice
+
+    def choose(self, options: Sequence[str], gold: int | None = None) -> int:
+        """Pick one of `options` (distinct, non-empty strings), emitting it; returns its index."""
+        if len(set(options)) != len(options) or not all(options):
+            raise ValueError(f"options must be distinct and non-empty: {options!r}")
+        if self.teacher and gold is None:
+            raise TemplateError("teacher mode needs the gold option")
+        text = ""
+        live = list(range(len(options)))
+        while True:
+            live = [i for i in live if options[i].startswith(text)]
+            if len(live) == 1:
+                self.inject(options[live[0]][len(text):])
+                return live[0]
+            complete = [i for i in live if options[i] == text]
+            suffixes = [options[i][len(text):] for i in live if options[i] != text]
+            cand = self.vocab.prefix_ids(suffixes)
+            if complete:
+                target_done = self.teacher and options[gold] == text
+                stop = self.peek([self.vocab.mask_of(cand), self.vocab.terminators], 1 if target_done else 0)
+                if stop == 1 or not cand:
+                    return complete[0]
+                self.decision_pending = False  # continuing: the next token is generated anyway
+            if not cand:
+                # No token spells the next characters (cannot happen with byte-level vocabularies):
+                # fall back to the first live option.
+                self.inject(options[live[0]][len(text):])
+                return live[0]
+            target = options[gold][len(text):] if self.teacher else None
+            text += self.step(cand, target)
+
+
+class _Walker:
+    """Walks the template; `gold` arguments are only used (and required) in teacher mode."""
+
+    def __init__(self, dec: TemplateDecoder, s: _Session):
+        self.dec = dec
+        self.s = s
+        self.v = s.vocab
+        self.teacher = s.teacher
+
+    # -- top level -------------------------------------------------------------------------
+    def calls(self, tools: Sequence[Tool], gold: Sequence[Call] | None) -> None:
+        s = self.s
+        s.inject("[")
+        by_name = {t.name: t for t in tools}
+        if self.teacher:
+            for c in gold:
+                if c.name not in by_name:
+                    raise TemplateError(f"gold call names {c.name!r}, not among the offered tools")
+        if not tools:
+            s.inject("]")
+            return
+        names = [_dumps(t.name)[1:] for t in tools]  # name content + closing quote
+        more = ['{"name": "', "]"]
+        n = 0
+        if s.choose(more, (0 if gold else 1) if self.teacher else None) == 1:
+            return
+        while True:
+            g = gold[n] if self.teacher else None
+            i = s.choose(names, [t.name for t in tools].index(g.name) if g is not None else None)
+            tool = tools[i]
+            s.inject(', "arguments": ')
+            self.object_props(tool.parameters, tool.required, g.arguments if g is not None else _MISSING, tool.name)
+            s.inject("}")
+            n += 1
+            if n >= self.dec.max_calls and not self.teacher:
+                s.inject("]")
+                return
+            if s.choose([', {"name": "', "]"], (0 if n < len(gold) else 1) if self.teacher else None) == 1:
+                return
+
+    # -- values ----------------------------------------------------------------------------
+    def object_props(self, props: dict[str, Param], required: Sequence[str], gold: Any, where: str) -> None:
+        s = self.s
+        if self.teacher:
+            if not isinstance(gold, dict):
+                raise TemplateError(f"{where}: expected an object, got {gold!r}")
+            unknown = [k for k in gold if k not in props]
+            if unknown:
+                raise TemplateError(f"{where}: unknown argument(s) {unknown}")
+            missing = [k for k in required if k not in gold]
+            if missing:
+                raise TemplateError(f"{where}: missing required argument(s) {missing}")
+        req = set(required)
+        s.inject("{")
+        first = True
+        for k, p in props.items():
+            if k in req:
+                s.inject(("" if first else ", ") + _dumps(k) + ": ")
+                self.value(p, gold[k] if self.teacher else _MISSING, f"{where}.{k}")
+                first = False
+        remaining = [k for k in props if k not in req]
+        while remaining:
+            opts = [("" if first else ", ") + _dumps(k) + ": " for k in remaining] + ["}"]
+            g = None
+            if self.teacher:
+                g = next((j for j, k in enumerate(remaining) if k in gold), len(remaining))
+            j = s.choose(opts, g)
+            if j == len(remaining):
+                return
+            k = remaining[j]
+            self.value(props[k], gold[k] if self.teacher else _MISSING, f"{where}.{k}")
+            first = False
+            remaining = remaining[j + 1:]
+        s.inject("}")
+
+    def _choice_options(self, p: Param) -> list[tuple[str, Any]] | None:
+        """(JSON text, value) options for enum/boolean params, None for other params."""
+        nullable = p.has_default and p.default is None
+        if p.enum is not None:
+            check = _TYPE_OK.get(p.type, lambda v: True)
+            members = [v for v in p.enum if check(v)] or list(p.enum)
+            opts = []
+            for v in members + ([None] if nullable and None not in members else []):
+                t = _dumps(v)
+                if all(t != o for o, _ in opts):
+                    opts.append((t, v))
+            return opts
+        if p.type == "boolean":
+            return [("true", True), ("false", False)] + ([("null", None)] if nullable else [])
+        return None
+
+    def start_mask(self, p: Param | None, depth: int = 0) -> torch.Tensor:
+        """Tokens that can start a value of schema `p` (None: any JSON value)."""
+        v = self.v
+        if p is None or p.type == "any" or (p.type == "object" and not p.properties):
+            if p is not None and p.type == "object":
+                return v.starts["{"]
+            m = v.starts['"'] | v.number_step(False, "start")[0] | v.mask_of(v.prefix_ids(["true", "false", "null"]))
+            if depth < self.dec.max_any_depth:
+                m = m | v.starts["["] | v.starts["{"]
+            return m
+        opts = self._choice_options(p)
+        if opts is not None:
+            return v.mask_of(v.prefix_ids([o for o, _ in opts]))
+        m = {
+            "string": v.starts['"'],
+            "integer": v.number_step(True, "start")[0],
+            "number": v.number_step(False, "start")[0],
+            "array": v.starts["["],
+            "object": v.starts["{"],
+        }[p.type]
+        if p.has_default and p.default is None:
+            m = m | v.mask_of(v.prefix_ids(["null"]))
+        return m
+
+    def value(self, p: Param | None, gold: Any, where: str, depth: int = 0) -> None:
+        s = self.s
+        if p is None or p.type == "any" or (p.type == "object" and not p.properties):
+            if self.teacher and p is not None and p.type == "object" and not isinstance(gold, dict):
+                if not (gold is None and p.has_default and p.default is None):
+                    raise TemplateError(f"{where}: expected an object, got {gold!r}")
+            if p is not None and p.type == "object" and not (p.has_default and p.default is None):
+                self.free_object(gold, where, depth)
+            else:
+                self.any_value(gold, where, depth, only_object=p is not None and p.type == "object")
+            return
+        opts = self._choice_options(p)
+        if opts is not None:
+            g = None
+            if self.teacher:
+                g = next((i for i, (_, val) in enumerate(opts) if _same(val, gold)), None)
+                if g is None:
+                    raise TemplateError(f"{where}: {gold!r} is not among {[o for o, _ in opts]}")
+            s.choose([o for o, _ in opts], g)
+            return
+        if p.has_default and p.default is None:
+            null_mask = self.v.mask_of(self.v.prefix_ids(["null"]))
+            body = {
+                "string": self.v.starts['"'],
+                "integer": self.v.number_step(True, "start")[0],
+                "number": self.v.number_step(False, "start")[0],
+                "array": self.v.starts["["],
+                "object": self.v.starts["{"],
+            }[p.type]
+            if s.peek([null_mask, body], (0 if gold is None else 1) if self.teacher else None) == 0:
+                s.choose(["null"], 0)
+                return
+        if self.teacher and not _TYPE_OK[p.type](gold):
+            raise TemplateError(f"{where}: expected {p.type}, got {gold!r}")
+        if p.type == "string":
+            self.string(gold)
+        elif p.type in ("integer", "number"):
+            self.number(p.type == "integer", gold, where)
+        elif p.type == "array":
+            self.array(p.items, gold, where, depth)
+        else:
+            self.object_props(p.properties, p.required, gold, where)
+
+    def string(self, gold: Any) -> None:
+        s, v = self.s, self.v
+        s.inject('"')
+        target = _dumps(gold)[1:] if self.teacher else None  # content + closing quote
+        n, state = 0, 0
+        while True:
+            if self.teacher or n < self.dec.max_string_tokens:
+                allowed = v.str_any[state]
+            else:  # over the cap: close now (after finishing an open escape)
+                allowed = v.str_closing[0] if state == 0 else v.str_safe[1]
+            piece = s.step(allowed, target)
+            tid = s.ids[-1]
+            n += 1
+            if self.teacher:
+                target = target[len(piece):]
+            if v.str_closing[state][tid]:
+                return  # a closing token: content (maybe empty) then the quote
+            state = 1 if v.str_open[state][tid] else 0
+
+    def number(self, integer: bool, gold: Any, where: str) -> None:
+        s, v = self.s, self.v
+        target = None
+        if self.teacher:
+            if isinstance(gold, float) and not math.isfinite(gold):
+                raise TemplateError(f"{where}: {gold!r} has no JSON spelling")
+            target = _dumps(gold)
+        state, length = "start", 0
+        while True:
+            mask, nxt = v.number_step(integer, state)
+            if state in _ACCEPT:
+                if length >= self.dec.max_number_chars and not self.teacher:
+                    return
+                if s.peek([mask, v.terminators], (1 if not target else 0) if self.teacher else None) == 1:
+                    return
+                s.decision_pending = False  # continuing: the next token is generated
+            piece = s.step(mask, target)
+            tid = s.ids[-1]
+            state = nxt[tid]
+            length += len(piece)
+            if self.teacher:
+                target = target[len(piece):]
+
+    def array(self, items: Param | None, gold: Any, where: str, depth: int) -> None:
+        s = self.s
+        s.inject("[")
+        start = self.start_mask(items, depth + 1)
+        if s.peek([self.v.starts["]"], start], (0 if not gold else 1) if self.teacher else None) == 0:
+            s.inject("]")
+            return
+        n = 0
+        while True:
+            self.value(items, gold[n] if self.teacher else _MISSING, f"{where}[{n}]", depth + 1)
+            n += 1
+            if n >= self.dec.max_array_items and not self.teacher:
+                s.inject("]")
+                return
+            if s.choose([", ", "]"], (0 if n < len(gold) else 1) if self.teacher else None) == 1:
+                return
+
+    def free_object(self, gold: Any, where: str, depth: int) -> None:
+        s = self.s
+        s.inject("{")
+        keys = list(gold) if self.teacher else []
+        if self.teacher and not all(isinstance(k, str) for k in keys):
+            raise TemplateError(f"{where}: object keys must be strings")
+        if s.peek([self.v.starts["}"], self.v.starts['"']], (0 if not keys else 1) if self.teacher else None) == 0:
+            s.inject("}")
+            return
+        n = 0
+        while True:
+            key = keys[n] if self.teacher else _MISSING
+            self.string(key)
+            s.inject(": ")
+            self.any_value(gold[key] if self.teacher else _MISSING, f"{where}.{key if self.teacher else '*'}", depth + 1)
+            n += 1
+            if n >= self.dec.max_array_items and not self.teacher:
+                s.inject("}")
+                return
+            if s.choose([", ", "}"], (0 if n < len(keys) else 1) if self.teacher else None) == 1:
+                return
+
+    def any_value(self, gold: Any, where: str, depth: int, only_object: bool = False) -> None:
+        s, v = self.s, self.v
+        alts = [v.starts['"'], v.number_step(False, "start")[0], v.mask_of(v.prefix_ids(["true", "false", "null"]))]
+        if depth < self.dec.max_any_depth:
+            alts += [v.starts["["], v.starts["{"]]
+        g = None
+        if self.teacher:
+            if isinstance(gold, str):
+                g = 0
+            elif isinstance(gold, bool) or gold is None:
+                g = 2
+            elif isinstance(gold, (int, float)):
+                g = 1
+            elif isinstance(gold, (list, tuple)):
+                g = 3
+            elif isinstance(gold, dict):
+                g = 4
+            if g is None or g >= len(alts):
+                raise TemplateError(f"{where}: cannot write {gold!r} (too deep or not JSON)")
+        if only_object:  # a nullable free object: null or an object
+            alts = [v.mask_of(v.prefix_ids(["null"])), v.starts["{"]]
+            g = (0 if gold is None else 1) if self.teacher else None
+            if s.peek(alts, g) == 0:
+                s.choose(["null"], 0)
+            else:
+                self.free_object(gold, where, depth)
+            return
+        k = s.peek(alts, g)
+        if k == 0:
+            self.string(gold)
+        elif k == 1:
+            self.number(False, gold, where)
+        elif k == 2:
+            opts = ["true", "false", "null"]
+            s.choose(opts, opts.index(_dumps(gold)) if self.teacher else None)
+        elif k == 3:
+            self.array(None, gold, where, depth)
+        else:
+            self.free_object(gold, where, depth)
+
+
+_TYPE_OK = {
+    "string": lambda v: isinstance(v, str),
+    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "boolean": lambda v: isinstance(v, bool),
+    "array": lambda v: isinstance(v, (list, tuple)),
+    "object": lambda v: isinstance(v, dict),
+    "any": lambda v: True,
+}
+
+
+def _same(a: Any, b: Any) -> bool:
+    return type(a) is type(b) and a == b or (_dumps(a) == _dumps(b))
+
+
+# ---------------------------------------------------------------------------------------------
+# Public API
+
+
+class TemplateDecoder:
+    """Dynamic templating decoder over a `Backend` (the small model).
+
+    `decode(step, tools)`: `step` is the `StepOutput` of the prompt's last position (its cache is
+    extended in place; pass a fork to keep it), `tools` the candidate tools (may be empty: the
+    output is then ``[]``). Greedy; the output always parses, names only offered tools and
+    arguments, and passes `argument_errors`.
+    """
+
+    def __init__(
+        self,
+        backend: Any,
+        max_calls: int = 8,
+        max_string_tokens: int = 64,
+        max_array_items: int = 16,
+        max_number_chars: int = 24,
+        max_any_depth: int = 2,
+    ):
+        if max_calls < 1:
+            raise ValueError("max_calls must be >= 1")
+        self.backend = backend
+        self.max_calls = max_calls
+        self.max_string_tokens = max_string_tokens
+        self.max_array_items = max(1, max_array_items)
+        self.max_number_chars = max_number_chars
+        self.max_any_depth = max_any_depth
+        self._vocab: _Vocab | None = None
+
+    def vocab(self, size: int | None = None) -> _Vocab:
+        """Per-tokenizer tables (token texts, string/number/punctuation masks), built once."""
+        size = size or len(self.backend.tokenizer)
+        if self._vocab is None or self._vocab.size != size:
+            self._vocab = _vocab_for(self.backend.tokenizer, size)
+        return self._vocab
+
+    def decode(self, step: StepOutput, tools: Sequence[Tool]) -> TemplatedOutput:
+        start = time.perf_counter()
+        vocab = self.vocab(int(step.logits.shape[-1]))
+        session = _Session(self, vocab, step, teacher=False)
+        _Walker(self, session).calls(list(tools), None)
+        session.finish()
+        text = session.text
+        data = json.loads(text)
+        calls = [Call(d["name"], d["arguments"]) for d in data]
+        n_gen = sum(session.generated)
+        return TemplatedOutput(
+            calls=calls,
+            text=text,
+            token_ids=list(session.ids),
+            generated_tokens=n_gen,
+            injected_tokens=len(session.ids) - n_gen,
+            forward_calls=session.forward_calls,
+            seconds=time.perf_counter() - start,
+            forward_seconds=session.forward_seconds,
+        )
+
+    def target(self, calls: Sequence[Call], tools: Sequence[Tool]) -> tuple[list[int], list[bool], list[bool]]:
+        """Teacher mode: (ids, generated, trained) for gold `calls`; see `target_token_mask`."""
+        session = _Session(self, self.vocab(), None, teacher=True)
+        _Walker(self, session).calls(list(tools), list(calls))
+        session.finish()
+        return list(session.ids), list(session.generated), list(session.decision)
+
+
+def _ordered(value: Any, p: Param | None) -> Any:
+    if p is not None and p.type == "object" and p.properties and isinstance(value, dict):
+        return _ordered_args(value, p.properties, p.required)
+    if p is not None and p.type == "array" and isinstance(value, (list, tuple)):
+        return [_ordered(x, p.items) for x in value]
+    if isinstance(value, tuple):
+        return list(value)
+    return value
+
+
+def _ordered_args(args: dict[str, Any], props: dict[str, Param], required: Sequence[str]) -> dict[str, Any]:
+    req = set(required)
+    keys = [k for k in props if k in req and k in args] + [k for k in props if k not in req and k in args]
+    keys += [k for k in args if k not in props]  # invalid extras kept last (target building rejects them)
+    return {k: _ordered(args[k], props.get(k)) for k in keys}
+
+
+def render_target(calls: Sequence[Call], tools: Sequence[Tool]) -> str:
+    """Gold calls in exactly the text the decoder emits: ``json.dumps`` (", " and ": " separators,
+    non-ASCII kept) of ``[{"name", "arguments"}]``, arguments (and nested objects with
+    properties) ordered required keys first in schema order, then optional keys in schema order.
+    ``[]`` for no calls. Calls naming tools outside `tools` keep their argument order."""
+    by_name = {t.name: t for t in tools}
+    out = []
+    for c in calls:
+        tool = by_name.get(c.name)
+        args = _ordered_args(c.arguments, tool.parameters, tool.required) if tool else dict(c.arguments)
+        out.append({"name": c.name, "arguments": args})
+    return _dumps(out)
+
+
+def target_token_mask(
+    backend: Any, calls: Sequence[Call], tools: Sequence[Tool], decoder: TemplateDecoder | None = None
+) -> tuple[list[int], list[bool]]:
+    """Token ids of `render_target(calls, tools)` segmented exactly as the decoder feeds them, and
+    a mask of the tokens whose logits drive the decoder's decisions (put the SFT loss there):
+    tokens the model generates (name prefixes up to uniqueness, choices of ``,``/``]``/``}``,
+    optional keys, values with their closing quote) and the first token after each peek
+    decision (the delimiter ending a number, the ``"`` opening a nullable string, ...).
+    Injected boilerplate is False. Raises `TemplateError` when the gold calls are not valid for
+    `tools`. Caps (max_calls etc.) are not applied. Pass `decoder` to reuse its vocab tables."""
+    dec = decoder or TemplateDecoder(backend)
+    ids, _, trained = dec.target(calls, tools)
+    return ids, trained

@@ -1,0 +1,294 @@
+"""Dynamic templating decoder: always schema-valid output, model-chosen structure, exact targets."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from hyfunc.cascade.templating import (
+    TemplateDecoder,
+    TemplateError,
+    _string_piece_kind,
+    render_target,
+    target_token_mask,
+)
+from hyfunc.formats.calls import Call
+from hyfunc.formats.schema import parse_tools
+from hyfunc.formats.validate import argument_errors
+from tests.tiny_models import tiny_backend
+
+TOOLS = parse_tools([
+    {
+        "name": "get weather.now",
+        "description": "weather",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string"},
+            "days": {"type": "integer"},
+            "temp": {"type": "number"},
+            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+            "flag": {"type": "boolean"},
+            "level": {"type": "integer", "enum": [1, 10, 100]},
+            "tags": {"type": "array", "items": {"type": "string"}},
+            "nums": {"type": "array", "items": {"type": "integer"}},
+            "opt": {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "number"}},
+                    "required": ["a"]},
+            "maybe": {"type": "string", "default": None},
+        }, "required": ["city", "days"]},
+    },
+    {"name": "get", "description": "no arguments", "parameters": {"type": "object", "properties": {}}},
+    {
+        "name": "math.free_form",
+        "parameters": {"type": "object", "properties": {
+            "free": {"type": "object"},
+            "anything": {"type": "any"},
+            "grid": {"type": "array", "items": {"type": "array", "items": {"type": "number"}}},
+            "mode": {"type": "string", "enum": ["a", "ab"]},
+        }, "required": ["grid"]},
+    },
+])
+
+GOLD_CASES = [
+    [],
+    [Call("get", {})],
+    [Call("get weather.now", {"tags": ["a", "b"], "city": 'Paris "x" \\ y', "days": -3, "temp": 0.0015,
+                              "unit": "celsius", "flag": True, "level": 10, "nums": [], "opt": {"b": 2, "a": "q"},
+                              "maybe": None}),
+     Call("get", {})],
+    [Call("get weather.now", {"city": "", "days": 0, "level": 1, "nums": [7, -12], "maybe": "x"}),
+     Call("get weather.now", {"city": "Rome", "days": 12, "temp": -2.5e-07, "level": 100, "flag": False})],
+    [Call("math.free_form", {"grid": [[1, 2.5], []], "free": {"k": [1, "v"], "z": None}, "anything": True,
+                             "mode": "a"})],
+    [Call("math.free_form", {"grid": [], "free": {}, "anything": {"x": 1}, "mode": "ab"})],
+]
+
+
+@pytest.fixture(scope="module")
+def backend():
+    return tiny_backend()
+
+
+@pytest.fixture(scope="module")
+def decoder(backend):
+    return TemplateDecoder(backend, max_calls=3, max_string_tokens=6, max_array_items=3)
+
+
+class Wrapped:
+    """The tiny backend with its logits rewritten by `fn(logits, position_after_prompt)`."""
+
+    def __init__(self, backend, fn):
+        self.inner, self.fn = backend, fn
+        self.tokenizer = backend.tokenizer
+        self.pos = None
+
+    def encode(self, text):
+        return self.inner.encode(text)
+
+    def decode(self, ids):
+        return self.inner.decode(ids)
+
+    def start(self, prompt: str):
+        out = self.inner.forward(ids=self.inner.encode(prompt))
+        self.pos = 0
+        out.logits = self.fn(out.logits.clone(), 0)
+        return out
+
+    def forward(self, ids=None, embeds=None, cache=None):
+        out = self.inner.forward(ids=ids, embeds=embeds, cache=cache)
+        self.pos += len(ids) if ids is not None else int(embeds.shape[0])
+        out.logits = self.fn(out.logits.clone(), self.pos)
+        return out
+
+
+def ids_of(backend, text):
+    return [i for i in range(len(backend.tokenizer)) if backend.decode([i]) == text]
+
+
+def check_output(backend, out, tools):
+    names = {t.name for t in tools}
+    data = json.loads(out.text)
+    assert data == [{"name": c.name, "arguments": c.arguments} for c in out.calls]
+    for c in out.calls:
+        assert all(math.isfinite(x) for x in _numbers(c.arguments))
+    for c in out.calls:
+        assert c.name in names
+        assert argument_errors(c, tools) == [], (c, out.text)
+    assert out.generated_tokens + out.injected_tokens == len(out.token_ids)
+    assert backend.decode(out.token_ids) == out.text
+    # the decoder writes keys in the order render_target uses (numbers may be spelled differently)
+    assert json.loads(render_target(out.calls, tools)) == data
+    assert [list(_keys(c.arguments)) for c in out.calls] == [
+        list(_keys(d["arguments"])) for d in json.loads(render_target(out.calls, tools))
+    ]
+
+
+def _numbers(v):
+    if isinstance(v, float):
+        yield v
+    elif isinstance(v, dict):
+        for x in v.values():
+            yield from _numbers(x)
+    elif isinstance(v, list):
+        for x in v:
+            yield from _numbers(x)
+
+
+def _keys(v, prefix=""):
+    if isinstance(v, dict):
+        for k, x in v.items():
+            yield prefix + k
+            yield from _keys(x, prefix + k + ".")
+    elif isinstance(v, list):
+        for i, x in enumerate(v):
+            yield from _keys(x, f"{prefix}{i}.")
+
+
+def test_string_piece_kinds():
+    assert _string_piece_kind("abc", 0) == 0
+    assert _string_piece_kind('ab"', 0) == 2
+    assert _string_piece_kind('"', 0) == 2
+    assert _string_piece_kind("a\\", 0) == 1  # open escape
+    assert _string_piece_kind("a\\\\", 0) == 0
+    assert _string_piece_kind('"', 1) == 0  # \" is content
+    assert _string_piece_kind('n"', 1) == 2
+    assert _string_piece_kind("x", 1) is None
+    assert _string_piece_kind("a\nb", 0) is None
+    assert _string_piece_kind('a"b', 0) is None
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_real_tiny_model_outputs_are_valid(seed):
+    backend = tiny_backend(seed=seed)
+    dec = TemplateDecoder(backend, max_calls=3, max_string_tokens=6, max_array_items=3)
+    for tools in (TOOLS, TOOLS[:1], TOOLS[2:]):
+        step = backend.forward(ids=backend.encode("What is the weather like in Paris today?"))
+        check_output(backend, dec.decode(step, tools), tools)
+
+
+def test_empty_tool_list_gives_no_call(backend, decoder):
+    step = backend.forward(ids=backend.encode("hello"))
+    out = decoder.decode(step, [])
+    assert out.text == "[]" and out.calls == [] and out.generated_tokens == 0 and out.forward_calls == 0
+
+
+def test_random_logits_always_valid_and_cover_choices(backend, decoder):
+    seen = {"no_call": 0, "parallel": 0, "optional": 0, "items": 0, "text": 0, "null": 0, "tools": set()}
+    for seed in range(16):
+        g = torch.Generator().manual_seed(seed)
+        w = Wrapped(backend, lambda l, pos, g=g: torch.randn(l.shape[0], generator=g) * 4)
+        dec = TemplateDecoder(w, max_calls=3, max_string_tokens=6, max_array_items=3)
+        tools = TOOLS if seed % 3 else TOOLS[2:] + TOOLS[:1]
+        out = dec.decode(w.start("What is the weather?"), tools)
+        check_output(backend, out, tools)
+        assert out.forward_calls < len(out.token_ids)  # forced tokens are batched
+        seen["no_call"] += not out.calls
+        seen["parallel"] += len(out.calls) > 1
+        for c in out.calls:
+            seen["tools"].add(c.name)
+            tool = next(t for t in tools if t.name == c.name)
+            seen["optional"] += any(k in c.arguments for k in tool.optional)
+            seen["items"] += any(isinstance(v, list) and v for v in c.arguments.values())
+            seen["text"] += any(isinstance(v, str) and v for v in c.arguments.values())
+            seen["null"] += c.arguments.get("maybe", 0) is None
+    assert seen["no_call"] and seen["parallel"] and seen["optional"] and seen["items"] and seen["text"]
+    assert seen["tools"] == {t.name for t in TOOLS}
+
+
+def test_forbidden_tokens_cannot_break_structure(backend, decoder):
+    bad = list(backend.eos_ids) + ids_of(backend, "\n") + ids_of(backend, "}") + ids_of(backend, '"')
+    w = Wrapped(backend, lambda l, pos: l.index_fill(0, torch.tensor(bad), math.inf))
+    dec = TemplateDecoder(w, max_calls=3, max_string_tokens=6, max_array_items=3)
+    for tools in (TOOLS, TOOLS[2:]):
+        out = dec.decode(w.start("x"), tools)
+        check_output(backend, out, tools)
+
+
+def test_comma_bias_gives_parallel_calls_and_all_optional_keys(backend):
+    comma, brace = ids_of(backend, ","), ids_of(backend, "{")
+    assert comma and brace
+
+    def bias(logits, pos):  # '{' starts a call rather than '[]'; ',' beats everything
+        return logits.index_fill(0, torch.tensor(brace), 50.0).index_fill(0, torch.tensor(comma), math.inf)
+
+    w = Wrapped(backend, bias)
+    dec = TemplateDecoder(w, max_calls=3, max_string_tokens=4, max_array_items=2)
+    tools = TOOLS[:1]  # has a required key, so each optional key is offered as ', "key": '
+    out = dec.decode(w.start("What is the weather?"), tools)
+    check_output(backend, out, tools)
+    assert len(out.calls) == 3  # ',' after every call, up to max_calls
+    for c in out.calls:
+        keys = list(c.arguments)
+        schema = list(tools[0].parameters)
+        assert keys == [k for k in schema if k in keys]  # schema order
+        # ', "key": ' always beats '}', so the choice loop only ends when no optional key is left
+        assert keys[-1] == schema[-1] == "maybe"
+        if "opt" in c.arguments:
+            assert set(c.arguments["opt"]) == {"a", "b"}
+        assert ids_of(backend, str(c.arguments["days"]))  # "," ends a number right after its first token
+        for key in ("tags", "nums"):
+            assert len(c.arguments.get(key, [])) in (0, 2)  # once started, ',' continues up to the cap
+        assert c.arguments["city"] == ",,,,"  # ',' is string content up to the cap, then closed
+
+
+def test_name_prefix_completion_is_injected(backend):
+    # Force the first generated token to be '{' then 'get': the name is ambiguous ("get" vs
+    # "get weather.now") until the model picks '"' or ' weather'; "math.free_form" is excluded.
+    quote = ids_of(backend, '"')
+    w = Wrapped(backend, lambda l, pos: l.index_fill(0, torch.tensor(quote), math.inf))
+    dec = TemplateDecoder(w, max_calls=1)
+    out = dec.decode(w.start("x"), TOOLS)
+    check_output(backend, out, TOOLS)
+
+
+@pytest.mark.parametrize("case", range(len(GOLD_CASES)))
+def test_teacher_forcing_reproduces_gold(backend, case):
+    gold = GOLD_CASES[case]
+    text = render_target(gold, TOOLS)
+    assert json.loads(text) == [{"name": c.name, "arguments": c.arguments} for c in gold]
+    ids, mask = target_token_mask(backend, gold, TOOLS)
+    assert backend.decode(ids) == text and len(mask) == len(ids)
+    if gold:
+        assert 0 < sum(mask) < len(ids)  # boilerplate is injected, choices and values are trained
+
+    def forced(logits, pos):
+        out = torch.full_like(logits, -1e4)
+        if pos < len(ids):
+            out[ids[pos]] = 10.0
+        return out
+
+    w = Wrapped(backend, forced)
+    dec = TemplateDecoder(w, max_calls=4)
+    out = dec.decode(w.start("prompt"), TOOLS)
+    assert out.text == text
+    assert out.token_ids == ids
+    assert [(c.name, c.arguments) for c in out.calls] == [(c.name, c.arguments) for c in gold]
+    check_output(backend, out, TOOLS)
+    # every token the decoder generated carries the training loss
+    generated = _generated_positions(dec, gold)
+    assert all(mask[i] for i in generated)
+
+
+def _generated_positions(dec, gold):
+    _, generated, _ = dec.target(gold, TOOLS)
+    return [i for i, g in enumerate(generated) if g]
+
+
+def test_render_target_orders_required_first():
+    call = Call("get weather.now", {"maybe": "m", "opt": {"b": 1, "a": "x"}, "days": 2, "city": "c"})
+    assert render_target([call], TOOLS) == (
+        '[{"name": "get weather.now", "arguments": {"city": "c", "days": 2, "opt": {"a": "x", "b": 1}, '
+        '"maybe": "m"}}]'
+    )
+    assert render_target([], TOOLS) == "[]"
+
+
+def test_invalid_gold_is_rejected(backend):
+    with pytest.raises(TemplateError):
+        target_token_mask(backend, [Call("nope", {})], TOOLS)
+    with pytest.raises(TemplateError):
+        target_token_mask(backend, [Call("get weather.now", {"city": "x"})], TOOLS)  # days missing
+    with pytest.raises(TemplateError):
+        target_token_mask(backend, [Call("get weather.now", {"city": "x", "days": 1, "unit": "kelvin"})], TOOLS)
+    with pytest.raises(TemplateError):
+        target_token_mask(backend, [Call("get", {"extra": 1})], TOOLS)
