@@ -10,13 +10,19 @@ from pathlib import Path
 
 from hyfunc.formats.calls import render_python_calls, to_bfcl_output
 from hyfunc.formats.schema import SchemaError, parse_tools
+from hyfunc.methods import METHODS
 from hyfunc.methods.base import Answer
 from hyfunc.methods.direct import PROMPT_STYLES
-from hyfunc.models.registry import DEFAULT_LARGE, DEFAULT_MODELS
+from hyfunc.models.registry import DEFAULT_LARGE, DEFAULT_MODELS, DEFAULT_SMALL, ModelNotAvailable
 
 
 def _add_method_args(parser: argparse.ArgumentParser, prefix_caching: bool) -> None:
-    parser.add_argument("--method", default="direct", choices=["direct"], help="answering method")
+    parser.add_argument("--method", default="direct", choices=METHODS, help="answering method")
+    parser.add_argument("--artifact", help="cascade directory made by `hyfunc prepare` (method hyfunc)")
+    parser.add_argument(
+        "--ablate", nargs="+", default=[], choices=["soft_token", "retriever", "templating"],
+        help="switch cascade stages off (method hyfunc)",
+    )
     parser.add_argument("--model", default=DEFAULT_LARGE, help="alias, local path or Hugging Face id")
     parser.add_argument("--style", default="auto", choices=["auto", *PROMPT_STYLES], help="prompting style")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
@@ -32,7 +38,8 @@ def _build_method(args: argparse.Namespace):
     start = time.perf_counter()
     # A fixed tool library (demo, call) is read once; BFCL cases each bring their own tools.
     method = load_method(
-        args.method, model=args.model, style=args.style, device=args.device, prefix_caching=args.prefix_caching
+        args.method, model=args.model, style=args.style, device=args.device, prefix_caching=args.prefix_caching,
+        artifact=args.artifact, ablate=tuple(args.ablate),
     )
     print(f"loaded {method.name} in {time.perf_counter() - start:.1f}s", file=sys.stderr)
     return method
@@ -98,6 +105,18 @@ def cmd_eval_bfcl(args: argparse.Namespace) -> int:
     return 0 if results else 1
 
 
+def cmd_prepare(args: argparse.Namespace) -> int:
+    from hyfunc.cascade.prepare import PrepareConfig, prepare
+
+    config = PrepareConfig(
+        large_model=args.large, small_model=args.small, data=args.data, sft_epochs=args.epochs,
+        lora_rank=args.lora_rank, max_examples=args.max_examples, seed=args.seed,
+    )
+    manifest = prepare(config, Path(args.out))
+    print(json.dumps({"artifact": args.out, "metrics": manifest["metrics"], "seconds": manifest["seconds"]}, indent=2))
+    return 0
+
+
 def cmd_models(args: argparse.Namespace) -> int:
     from hyfunc.models.registry import resolve_model
 
@@ -137,12 +156,28 @@ def main(argv: list[str] | None = None) -> int:
     bfcl.add_argument("--no-resume", action="store_true", help="start over instead of skipping cases already scored")
     bfcl.set_defaults(func=cmd_eval_bfcl)
 
+    prep = sub.add_parser("prepare", help="train a cascade (embeddings, retriever, small model); resumable")
+    prep.add_argument("--large", default=DEFAULT_LARGE, help="large model (soft token, function embeddings)")
+    prep.add_argument("--small", default=DEFAULT_SMALL, help="small model (writes the argument values)")
+    prep.add_argument("--data", nargs="+", required=True, help="training JSON Lines files or directories (never BFCL)")
+    prep.add_argument("--out", required=True, help="artifact directory (re-run the same command to resume)")
+    prep.add_argument("--epochs", type=int, default=1, help="small-model fine-tuning epochs")
+    prep.add_argument("--lora-rank", type=int, default=16, help="LoRA rank of the small model; 0 trains the projector only")
+    prep.add_argument("--max-examples", type=int, default=None, help="use only the first N examples (quick runs)")
+    prep.add_argument("--seed", type=int, default=0)
+    prep.set_defaults(func=cmd_prepare)
+
     models = sub.add_parser("models", help="list the default models, or prepare (assemble + convert) them")
     models.add_argument("--prepare", nargs="+", metavar="NAME")
     models.set_defaults(func=cmd_models)
 
     args = parser.parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError, ModelNotAvailable) as err:
+        # Bad input (files, names, schemas): say what is wrong, without a traceback.
+        print(f"error: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

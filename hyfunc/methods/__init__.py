@@ -7,12 +7,34 @@ from hyfunc.methods.base import Answer, Method
 PREFERRED_STYLE: dict[str, str] = {}
 
 
+METHODS = ("direct", "hyfunc")
+
+
 def load_method(
-    name: str, model: str, style: str = "auto", device: str | None = None, prefix_caching: bool = False
+    name: str,
+    model: str | None = None,
+    style: str = "auto",
+    device: str | None = None,
+    prefix_caching: bool = False,
+    artifact: str | None = None,
+    ablate: tuple[str, ...] = (),
 ) -> Method:
-    """Build a method by name with its model(s) loaded."""
+    """Build a method by name with its model(s) loaded.
+
+    direct: `model` answers with every tool in its prompt. hyfunc: the cascade prepared in the
+    `artifact` directory; `ablate` switches stages off ("soft_token", "retriever", "templating").
+    """
+    if name == "hyfunc":
+        from hyfunc.cascade.pipeline import CascadeOptions, HyFuncMethod
+
+        if artifact is None:
+            raise ValueError("method 'hyfunc' needs an artifact directory made by `hyfunc prepare`")
+        options = CascadeOptions(**{stage: False for stage in ablate})
+        return HyFuncMethod.load(artifact, options=options, device=device)
     if name != "direct":
-        raise ValueError(f"unknown method {name!r}; available: direct")
+        raise ValueError(f"unknown method {name!r}; available: {', '.join(METHODS)}")
+    if model is None:
+        raise ValueError("method 'direct' needs a model")
     from hyfunc.methods.direct import DirectMethod
     from hyfunc.models.backend import Backend
 
@@ -21,4 +43,4 @@ def load_method(
     return DirectMethod(Backend(model, device=device), style=style, prefix_caching=prefix_caching)
 
 
-__all__ = ["Answer", "Method", "load_method", "PREFERRED_STYLE"]
+__all__ = ["Answer", "Method", "METHODS", "load_method", "PREFERRED_STYLE"]
