@@ -7,18 +7,9 @@ import statistics
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+import numpy as np
+
 OVERALL = "overall"
-
-
-def _percentile(values: Sequence[float], q: float) -> float:
-    """Linear-interpolated percentile (numpy's default method), q in [0, 100]."""
-    xs = sorted(values)
-    if not xs:
-        return float("nan")
-    pos = (len(xs) - 1) * q / 100.0
-    lo = int(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
 def _stats(records: list[dict]) -> dict[str, Any]:
@@ -34,7 +25,7 @@ def _stats(records: list[dict]) -> dict[str, Any]:
         "accuracy": correct / n,
         "latency_mean": statistics.fmean(lat),
         "latency_median": statistics.median(lat),
-        "latency_p90": _percentile(lat, 90),
+        "latency_p90": float(np.percentile(lat, 90)),
         "input_tokens_mean": statistics.fmean(float(r.get("input_tokens") or 0) for r in records),
         "output_tokens_mean": statistics.fmean(float(r.get("output_tokens") or 0) for r in records),
         "errors": sum(1 for r in records if r.get("model_error")),
