@@ -105,6 +105,14 @@ def cmd_eval_bfcl(args: argparse.Namespace) -> int:
     return 0 if results else 1
 
 
+def cmd_eval_compare(args: argparse.Namespace) -> int:
+    from hyfunc.eval.report import compare_runs
+
+    paths = compare_runs(args.runs, args.out)
+    print(paths["md"].read_text())
+    return 0
+
+
 def cmd_prepare(args: argparse.Namespace) -> int:
     from hyfunc.cascade.prepare import PrepareConfig, prepare
 
@@ -155,6 +163,10 @@ def main(argv: list[str] | None = None) -> int:
     bfcl.add_argument("--data-dir", help="a data set laid out like BFCL's (question files + possible_answer/)")
     bfcl.add_argument("--no-resume", action="store_true", help="start over instead of skipping cases already scored")
     bfcl.set_defaults(func=cmd_eval_bfcl)
+    compare = eval_sub.add_parser("compare", help="merge several BFCL runs into one table and plot")
+    compare.add_argument("runs", nargs="+", help="report directories of `hyfunc eval bfcl`")
+    compare.add_argument("--out", required=True, help="where comparison.{json,md,png} go")
+    compare.set_defaults(func=cmd_eval_compare)
 
     prep = sub.add_parser("prepare", help="train a cascade (embeddings, retriever, small model); resumable")
     prep.add_argument("--large", default=DEFAULT_LARGE, help="large model (soft token, function embeddings)")
