@@ -62,6 +62,7 @@ import torch
 
 from hyfunc.formats.calls import Call
 from hyfunc.formats.schema import Param, Tool
+from hyfunc.formats.validate import TYPE_CHECKS
 from hyfunc.models.backend import StepOutput
 
 __all__ = ["TemplateDecoder", "TemplatedOutput", "render_target", "target_token_mask", "TemplateError"]
@@ -518,7 +519,7 @@ class _Walker:
         """(JSON text, value) options for enum/boolean params, None for other params."""
         nullable = p.has_default and p.default is None
         if p.enum is not None:
-            check = _TYPE_OK.get(p.type, lambda v: True)
+            check = TYPE_CHECKS.get(p.type, lambda v: True)
             members = [v for v in p.enum if check(v)] or list(p.enum)
             opts = []
             for v in members + ([None] if nullable and None not in members else []):
@@ -586,7 +587,7 @@ class _Walker:
             if s.peek([null_mask, body], (0 if gold is None else 1) if self.teacher else None) == 0:
                 s.choose(["null"], 0)
                 return
-        if self.teacher and not _TYPE_OK[p.type](gold):
+        if self.teacher and not TYPE_CHECKS[p.type](gold):
             raise TemplateError(f"{where}: expected {p.type}, got {gold!r}")
         if p.type == "string":
             self.string(gold)
@@ -717,17 +718,6 @@ class _Walker:
             self.array(None, gold, where, depth)
         else:
             self.free_object(gold, where, depth)
-
-
-_TYPE_OK = {
-    "string": lambda v: isinstance(v, str),
-    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
-    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-    "boolean": lambda v: isinstance(v, bool),
-    "array": lambda v: isinstance(v, (list, tuple)),
-    "object": lambda v: isinstance(v, dict),
-    "any": lambda v: True,
-}
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -19,7 +19,7 @@ class ArgumentError(ValueError):
         self.errors = errors
 
 
-_TYPE_CHECKS: dict[str, Callable[[Any], bool]] = {
+TYPE_CHECKS: dict[str, Callable[[Any], bool]] = {
     "string": lambda v: isinstance(v, str),
     # bool is an int subclass in Python, but True is not an integer argument.
     "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
@@ -80,7 +80,7 @@ def _check_object(
 def _check_value(value: Any, param: Param, tool: str, path: str, errors: list[str]) -> None:
     if value is None and param.has_default and param.default is None:
         return  # passing the declared default None explicitly is fine
-    if not _TYPE_CHECKS[param.type](value):
+    if not TYPE_CHECKS[param.type](value):
         errors.append(f"{tool}: argument {path!r}: expected {param.type}, got {_describe(value)}")
         return
     if param.enum is not None and value not in param.enum:
