@@ -3,8 +3,10 @@ from __future__ import annotations
 
 from hyfunc.methods.base import Answer, Method
 
-# The prompting style that scored best on BFCL per default model (reports/baseline/).
-PREFERRED_STYLE: dict[str, str] = {}
+# The prompting style that scored best on BFCL per default model (reports/baseline/styles.md):
+# BFCL's own python-call prompt beat the native tool template for both Qwen-Coder models;
+# SmolLM2's chat template has no tool support, so BFCL's prompt is its only style.
+PREFERRED_STYLE: dict[str, str] = {"qwen-coder-1.5b": "bfcl", "qwen-coder-0.5b": "bfcl", "smollm2-135m": "bfcl"}
 
 
 METHODS = ("direct", "hyfunc")
