@@ -390,6 +390,7 @@ def evaluate_case(method, case: BfclCase) -> dict:
         input_tokens=int(answer.input_tokens or 0),
         output_tokens=int(answer.output_tokens or 0),
         cached_tokens=int(answer.cached_tokens or 0),
+        injected_tokens=int(answer.injected_tokens or 0),
     )
     return record
 
