@@ -8,6 +8,7 @@ Two prompting styles:
 """
 from __future__ import annotations
 
+import re
 from typing import Literal, Sequence
 
 from hyfunc.formats.calls import CallParseError, parse_calls, parse_python_calls
@@ -19,13 +20,18 @@ PromptStyle = Literal["bfcl", "native"]
 PROMPT_STYLES: tuple[str, ...] = ("bfcl", "native")
 
 
-def _python_answer_done(text: str) -> bool:
-    """True once the text is a whole `[...]` call list, or is prose (no call can follow).
+_CALL_START = re.compile(r"^[\w.]+\(")
 
-    Stopping there changes no score: BFCL reads prose as "no call" however long it is.
+
+def _python_answer_done(text: str) -> bool:
+    """True once the text is a whole `[...]` call list, or is clearly prose (no call can follow).
+
+    BFCL reads prose as "no call" however long it is, so stopping it early changes no verdict
+    unless a call appeared later in the prose, which BFCL's decoder would reject anyway.
     """
     text = text.strip().strip("`").strip()
-    if "(" not in text and len(text) > 80:
+    text = text.removeprefix("python").strip()  # a ```python fence
+    if len(text) > 80 and not text.startswith("[") and not _CALL_START.match(text):
         return True
     if not (text.startswith("[") and text.endswith("]")):
         return False
