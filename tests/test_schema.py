@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from hyfunc.formats.schema import NO_DEFAULT, Param, SchemaError, Tool, parse_tool, parse_tools
+from hyfunc.formats.schema import NO_DEFAULT, Param, SchemaError, parse_tool, parse_tools
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

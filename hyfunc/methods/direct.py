@@ -23,14 +23,18 @@ PROMPT_STYLES: tuple[str, ...] = ("bfcl", "native")
 _CALL_START = re.compile(r"^[\w.]+\(")
 
 
+def _unfence(text: str) -> str:
+    """The answer without a surrounding ``` or ```python fence."""
+    return text.strip().strip("`").strip().removeprefix("python").strip()
+
+
 def _python_answer_done(text: str) -> bool:
     """True once the text is a whole `[...]` call list, or is clearly prose (no call can follow).
 
     BFCL reads prose as "no call" however long it is, so stopping it early changes no verdict
     unless a call appeared later in the prose, which BFCL's decoder would reject anyway.
     """
-    text = text.strip().strip("`").strip()
-    text = text.removeprefix("python").strip()  # a ```python fence
+    text = _unfence(text)
     if len(text) > 80 and not text.startswith("[") and not _CALL_START.match(text):
         return True
     if not (text.startswith("[") and text.endswith("]")):
@@ -85,9 +89,7 @@ class DirectMethod:
 
     def parse(self, text: str) -> list:
         if self.style == "bfcl":
-            stripped = text.strip().strip("`").strip()
-            if stripped.startswith("python\n"):  # a ```python fence
-                stripped = stripped[len("python\n"):]
+            stripped = _unfence(text)
             if stripped.startswith("["):
                 return parse_python_calls(stripped)
         return parse_calls(text)
