@@ -17,13 +17,15 @@ from hyfunc.models.registry import DEFAULT_LARGE, DEFAULT_MODELS, DEFAULT_SMALL,
 
 
 def _add_method_args(parser: argparse.ArgumentParser, prefix_caching: bool) -> None:
-    parser.add_argument("--method", default="direct", choices=METHODS, help="answering method")
-    parser.add_argument("--artifact", help="cascade directory made by `hyfunc prepare` (method hyfunc)")
+    parser.add_argument("--method", default="hyfunc", choices=METHODS, help="answering method (default: the cascade)")
+    parser.add_argument(
+        "--artifact", help="cascade directory made by `hyfunc prepare` (method hyfunc; default: the shipped one)"
+    )
     parser.add_argument(
         "--ablate", nargs="+", default=[], choices=["soft_token", "retriever", "templating"],
         help="switch cascade stages off (method hyfunc)",
     )
-    parser.add_argument("--model", default=DEFAULT_LARGE, help="alias, local path or Hugging Face id")
+    parser.add_argument("--model", default=DEFAULT_LARGE, help="alias, local path or Hugging Face id (method direct)")
     parser.add_argument("--style", default="auto", choices=["auto", *PROMPT_STYLES], help="prompting style")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     parser.add_argument(
@@ -69,6 +71,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     demo = json.loads(resources.files("hyfunc.data").joinpath("demo.json").read_text())
     tools = parse_tools(demo["tools"])
     method = _build_method(args)
+    if args.prefix_caching and hasattr(method, "use_library"):
+        method.use_library(tools)  # the cascade's large model reads the fixed library once
     print(f"{len(tools)} tools: {', '.join(t.name for t in tools)}")
     for query in demo["requests"]:
         _print_answer(query, method.answer([{"role": "user", "content": query}], tools))
@@ -91,18 +95,50 @@ def cmd_call(args: argparse.Namespace) -> int:
 
 
 def cmd_eval_bfcl(args: argparse.Namespace) -> int:
-    from hyfunc.eval.bfcl import CATEGORIES, run_eval
+    from hyfunc.eval.bfcl import CATEGORIES, run_side_by_side
 
     categories = args.categories or CATEGORIES
     unknown = [c for c in categories if c not in CATEGORIES]
     if unknown and args.data_dir is None:
         print(f"error: unknown categories {unknown}; known: {', '.join(CATEGORIES)}", file=sys.stderr)
         return 2
-    method = _build_method(args)
-    out_dir = Path(args.out or f"reports/{method.name.replace(':', '_').replace('/', '_')}")
-    results = run_eval(method, categories, limit=args.limit, out_dir=out_dir, data_dir=args.data_dir, resume=not args.no_resume)
-    print((out_dir / "results.md").read_text())
-    return 0 if results else 1
+    if args.ablations and args.method != "hyfunc":
+        print("error: --ablations needs --method hyfunc", file=sys.stderr)
+        return 2
+    methods = _side_by_side_methods(args)
+    main_label = next(iter(methods))
+    out_dir = Path(args.out or f"reports/{main_label.replace(':', '_').replace('/', '_')}")
+    if len(methods) == 1:
+        dirs = {main_label: out_dir}
+    else:
+        dirs = {label: out_dir / label.replace(":", "_").replace("/", "_") for label in methods}
+    summaries = run_side_by_side(methods, categories, args.limit, dirs, args.data_dir, resume=not args.no_resume)
+    if len(methods) == 1:
+        print((out_dir / "results.md").read_text())
+    else:
+        from hyfunc.eval.report import compare_runs
+
+        baseline = f"direct:{args.with_direct[0]}" if args.with_direct else None
+        paths = compare_runs([dirs[label] for label in methods], out_dir, names=list(methods), baseline=baseline)
+        print(paths["md"].read_text())
+    return 0 if all(summaries.values()) else 1
+
+
+def _side_by_side_methods(args: argparse.Namespace) -> dict:
+    """The main method, its ablations and the direct baselines, sharing loaded models."""
+    from hyfunc.cascade.pipeline import CascadeOptions
+    from hyfunc.methods import load_method
+
+    main = _build_method(args)
+    methods = {main.name if args.method == "direct" else "hyfunc": main}
+    for stage in args.ablations:
+        methods[f"hyfunc-no-{stage}"] = main.variant(CascadeOptions(**{stage: False}), f"hyfunc-no-{stage}")
+    for model in args.with_direct:
+        large = getattr(main, "large", None)
+        # The cascade's large model is the same network: answering directly with it needs no second copy.
+        backend = large if large is not None and large.name == model else None
+        methods[f"direct:{model}"] = load_method("direct", model=model, device=args.device, backend=backend)
+    return methods
 
 
 def cmd_eval_compare(args: argparse.Namespace) -> int:
@@ -110,6 +146,38 @@ def cmd_eval_compare(args: argparse.Namespace) -> int:
 
     paths = compare_runs(args.runs, args.out)
     print(paths["md"].read_text())
+    return 0
+
+
+def cmd_bench_library(args: argparse.Namespace) -> int:
+    from hyfunc.eval.library import library_examples, run_library_benchmark, write_library_report
+    from hyfunc.methods import load_method
+
+    examples, tools = library_examples(args.data, args.requests, args.seed)
+    cascade = load_method("hyfunc", artifact=args.artifact, device=args.device)
+    model = args.model or cascade.large.name
+    backend = cascade.large if model == cascade.large.name else None
+    direct = load_method("direct", model=model, device=args.device, prefix_caching=True, backend=backend)
+    result = run_library_benchmark({"hyfunc": cascade, f"direct:{model}": direct}, examples, tools)
+    paths = write_library_report(result, args.out)
+    print(paths["md"].read_text())
+    return 0
+
+
+def cmd_bench_retriever(args: argparse.Namespace) -> int:
+    from hyfunc.cascade.pipeline import DEFAULT_ARTIFACT, HyFuncMethod
+    from hyfunc.eval.retrieval import library_requests, load_library, run_retrieval_benchmark
+
+    library = load_library(args.library)
+    requests = library_requests(args.data, library, args.limit)
+    if not requests:
+        raise ValueError(f"no held-out example in {args.data} calls only tools of {args.library}")
+    cascade = HyFuncMethod.load(args.artifact or DEFAULT_ARTIFACT, device=args.device)
+    result = run_retrieval_benchmark(cascade.encoder, cascade.retriever, library, requests)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "retrieval.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
     return 0
 
 
@@ -162,11 +230,41 @@ def main(argv: list[str] | None = None) -> int:
     bfcl.add_argument("--out", help="report directory (default: reports/<method>)")
     bfcl.add_argument("--data-dir", help="a data set laid out like BFCL's (question files + possible_answer/)")
     bfcl.add_argument("--no-resume", action="store_true", help="start over instead of skipping cases already scored")
+    bfcl.add_argument(
+        "--with-direct", nargs="+", default=[], metavar="MODEL",
+        help="also answer every case by direct prompting with these models, interleaved with the main "
+        "method (side by side); the first is the baseline of the latency ratios",
+    )
+    bfcl.add_argument(
+        "--ablations", nargs="+", default=[], choices=["soft_token", "retriever", "templating"],
+        help="also run the cascade with each of these stages switched off (one variant per stage)",
+    )
     bfcl.set_defaults(func=cmd_eval_bfcl)
     compare = eval_sub.add_parser("compare", help="merge several BFCL runs into one table and plot")
     compare.add_argument("runs", nargs="+", help="report directories of `hyfunc eval bfcl`")
     compare.add_argument("--out", required=True, help="where comparison.{json,md,png} go")
     compare.set_defaults(func=cmd_eval_compare)
+
+    bench = sub.add_parser("bench", help="latency benchmarks")
+    bench_sub = bench.add_subparsers(dest="benchmark", required=True)
+    lib = bench_sub.add_parser("library", help="fixed tool library (server case): cascade vs direct, both with a KV cache")
+    lib.add_argument("--data", nargs="+", required=True, help="fc-train files or directories (held-out examples are used)")
+    lib.add_argument("--requests", type=int, default=12, help="held-out examples; their tools form the library")
+    lib.add_argument("--artifact", help="cascade directory (default: the shipped one)")
+    lib.add_argument("--model", help="model answering directly (default: the cascade's large model)")
+    lib.add_argument("--device", default=None)
+    lib.add_argument("--seed", type=int, default=0)
+    lib.add_argument("--out", default="reports/library", help="where library.{json,md,png} go")
+    lib.set_defaults(func=cmd_bench_library)
+
+    ret = bench_sub.add_parser("retriever", help="recall@k and search latency of the retriever over a whole tool library")
+    ret.add_argument("--library", required=True, help="JSON Lines of tool schemas (or a directory of them)")
+    ret.add_argument("--data", nargs="+", required=True, help="fc-train files; held-out requests whose tools are in the library")
+    ret.add_argument("--limit", type=int, default=None, help="at most N requests")
+    ret.add_argument("--artifact", help="cascade directory (default: the shipped one)")
+    ret.add_argument("--device", default=None)
+    ret.add_argument("--out", default="reports/retrieval", help="where retrieval.json goes")
+    ret.set_defaults(func=cmd_bench_retriever)
 
     prep = sub.add_parser("prepare", help="train a cascade (embeddings, retriever, small model); resumable")
     prep.add_argument("--large", default=DEFAULT_LARGE, help="large model (soft token, function embeddings)")
@@ -175,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     prep.add_argument("--out", required=True, help="artifact directory (re-run the same command to resume)")
     prep.add_argument("--epochs", type=int, default=1, help="small-model fine-tuning epochs")
     prep.add_argument("--lora-rank", type=int, default=16, help="LoRA rank of the small model; 0 trains the projector only")
-    prep.add_argument("--max-examples", type=int, default=None, help="use only the first N examples (quick runs)")
+    prep.add_argument("--max-examples", type=int, default=None, help="a seeded sample of N examples (quick runs)")
     prep.add_argument("--seed", type=int, default=0)
     prep.set_defaults(func=cmd_prepare)
 

@@ -20,6 +20,7 @@ from hyfunc.eval.bfcl import (  # noqa: E402
     load_cases,
     packaged_data_dir,
     run_eval,
+    run_side_by_side,
 )
 from hyfunc.formats.calls import Call  # noqa: E402
 from hyfunc.formats.schema import parse_tools  # noqa: E402
@@ -282,3 +283,64 @@ def test_compare_runs(tmp_path):
     assert "gold-double" in md and "gold-double (b)" in md and "| simple_python |" in md
     assert "100.0" in md and "50.0" in md
     assert paths["png"].stat().st_size > 0
+
+
+class SlowGoldMethod(GoldMethod):
+    """Gold answers with a fixed prefill/decode split and a retrieval ranking (like the cascade's)."""
+
+    def __init__(self, cases, name, prefill, decode, fail_ids=()):
+        super().__init__(cases, fail_ids)
+        self.name, self.prefill, self.decode = name, prefill, decode
+
+    def answer(self, messages, tools):
+        answer = super().answer(messages, tools)
+        answer.timings = {"prefill": self.prefill, "decode": self.decode}
+        # gold first in the ranking; nothing retrieved = refusal
+        gold = [c.name for c in answer.calls]
+        answer.details = {"ranking": list(dict.fromkeys(gold + [t.name for t in tools])), "retrieved": sorted(set(gold))}
+        answer.injected_tokens, answer.output_tokens = 30, 10
+        return answer
+
+
+def test_side_by_side_interleaves_and_compares(tmp_path):
+    cats = ["multiple", "irrelevance"]
+    cases = [c for cat in cats for c in load_cases(cat, limit=2)]
+    fast = SlowGoldMethod(cases, "fast", prefill=0.0, decode=0.0)
+    slow = SlowGoldMethod(cases, "slow", prefill=0.0, decode=0.0, fail_ids={cases[0].id})
+    order = []
+    for m in (fast, slow):
+        original = m.answer
+        m.answer = lambda messages, tools, m=m, original=original: (order.append(m.name), original(messages, tools))[1]
+    dirs = {"fast": tmp_path / "fast", "slow": tmp_path / "slow"}
+    summaries = run_side_by_side({"fast": fast, "slow": slow}, cats, limit=2, out_dirs=dirs, progress=False)
+    assert order == ["fast", "slow"] * 4  # case by case, every method in turn
+    assert summaries["fast"]["overall"]["accuracy"] == 1.0 and summaries["slow"]["overall"]["correct"] == 3
+    records = [json.loads(line) for line in (tmp_path / "fast" / "cases.jsonl").read_text().splitlines()]
+    assert records[0]["gold_functions"] and records[-1]["gold_functions"] == []
+
+    # resume: only a method missing a case runs it
+    lines = (tmp_path / "slow" / "cases.jsonl").read_text().splitlines(keepends=True)
+    (tmp_path / "slow" / "cases.jsonl").write_text("".join(lines[:-1]))
+    order.clear()
+    run_side_by_side({"fast": fast, "slow": slow}, cats, limit=2, out_dirs=dirs, progress=False)
+    assert order == ["slow"]
+
+    paths = report.compare_runs([dirs["fast"], dirs["slow"]], tmp_path / "cmp", names=["fast", "slow"], baseline="slow")
+    analysis = json.loads(paths["json"].read_text())["analysis"]
+    assert analysis["slow"]["generated_tokens"]["share"] == 0.25
+    retrieval = analysis["fast"]["retrieval"]
+    assert retrieval["multiple"]["recall@1"] == 1.0 and retrieval["multiple"]["exact_set_accuracy"] == 1.0
+    assert retrieval["irrelevance"]["refusal_accuracy"] == 1.0
+    with pytest.raises(ValueError, match="baseline"):
+        report.compare_runs([dirs["fast"]], tmp_path / "cmp2", names=["fast"], baseline="nope")
+
+
+def test_latency_analysis_pairs_cases():
+    base = [{"id": str(i), "latency": 10.0, "timings": {"prefill": 6.0, "decode": 4.0}} for i in range(4)]
+    cascade = [{"id": str(i), "latency": 6.5, "output_tokens": 3, "injected_tokens": 7} for i in range(4)]
+    cascade.append({"id": "not-in-baseline", "latency": 100.0})
+    a = report.side_by_side_analysis({"direct": base, "cascade": cascade}, baseline="direct")["cascade"]
+    assert a["latency_vs_baseline"]["n"] == 4 and abs(a["latency_vs_baseline"]["ratio_of_medians"] - 0.65) < 1e-9
+    assert a["vs_prefill_decode"]["P"] == 6.0 and abs(a["vs_prefill_decode"]["P+0.15D"] - 6.6) < 1e-9
+    assert a["vs_prefill_decode"]["met"] is False  # the mean includes the 100 s case
+    assert a["generated_tokens"] == {"generated": 12, "injected": 28, "share": 0.3}

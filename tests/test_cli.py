@@ -22,13 +22,13 @@ def test_call_with_unreadable_or_invalid_tools_fails_cleanly(tmp_path, capsys):
 
 
 def test_eval_rejects_unknown_categories_before_loading_a_model(capsys):
-    assert main(["eval", "bfcl", "--model", "smollm2-135m", "--categories", "simple_java_typo"]) == 2
+    assert main(["eval", "bfcl", "--method", "direct", "--model", "smollm2-135m", "--categories", "simple_java_typo"]) == 2
     assert "unknown categories" in capsys.readouterr().err
 
 
-def test_cascade_without_artifact_is_a_clear_error(capsys):
-    assert main(["eval", "bfcl", "--method", "hyfunc", "--categories", "simple_python"]) == 2
-    assert "artifact" in capsys.readouterr().err
+def test_ablations_need_the_cascade(capsys):
+    assert main(["eval", "bfcl", "--method", "direct", "--ablations", "retriever", "--categories", "simple_python"]) == 2
+    assert "--method hyfunc" in capsys.readouterr().err
 
 
 def test_missing_artifact_directory_is_a_clear_error(tmp_path, capsys):

@@ -26,7 +26,7 @@ import torch
 
 from hyfunc.cascade.retriever import Retriever
 from hyfunc.cascade.small_model import SoftTokenProjector, build_small_prompt, load_projector, prompt_embeds
-from hyfunc.cascade.soft_token import LibraryCache, SoftTokenEncoder
+from hyfunc.cascade.soft_token import Encoding, LibraryCache, SoftTokenEncoder
 from hyfunc.cascade.templating import TemplateDecoder
 from hyfunc.formats.calls import CallParseError, parse_calls
 from hyfunc.formats.schema import Tool
@@ -34,6 +34,8 @@ from hyfunc.methods.base import Answer
 from hyfunc.models.backend import Backend
 
 MANIFEST = "manifest.json"
+#: The trained default cascade shipped inside the package (made by `hyfunc prepare`, see its manifest).
+DEFAULT_ARTIFACT = Path(__file__).resolve().parents[1] / "data" / "cascade"
 
 
 @dataclass
@@ -43,6 +45,22 @@ class CascadeOptions:
     soft_token: bool = True  # insert the projected soft token into the small model's prompt
     retriever: bool = True  # False: the small model sees every offered tool
     templating: bool = True  # False: free greedy decoding of the call text, then parsed
+
+
+class SharedLargePass:
+    """Lets cascade variants (the ablations) that answer the same request with the same large model
+    share its one forward pass: the first computes it, the others reuse the Encoding. Holds only the
+    latest request, which is all a side-by-side evaluation needs."""
+
+    def __init__(self) -> None:
+        self._key: str | None = None
+        self._encoding: Encoding | None = None
+
+    def get(self, key: str) -> Encoding | None:
+        return self._encoding if key == self._key else None
+
+    def put(self, key: str, encoding: Encoding) -> None:
+        self._key, self._encoding = key, encoding
 
 
 def _request_text(messages: Sequence[dict]) -> str:
@@ -61,6 +79,7 @@ class HyFuncMethod:
         projector: SoftTokenProjector | None,
         options: CascadeOptions | None = None,
         name: str = "hyfunc",
+        shared_pass: SharedLargePass | None = None,
     ):
         self.large, self.small = large, small
         self.encoder = SoftTokenEncoder(large)
@@ -71,7 +90,15 @@ class HyFuncMethod:
             raise ValueError("the soft-token prefix needs a trained projector")
         self.decoder = TemplateDecoder(small)
         self.name = name
+        self.shared_pass = shared_pass
         self._library: LibraryCache | None = None
+
+    def variant(self, options: CascadeOptions, name: str) -> HyFuncMethod:
+        """The same trained parts under other options (an ablation); both then share each
+        request's large-model pass, so a side-by-side run pays for it once."""
+        if self.shared_pass is None:
+            self.shared_pass = SharedLargePass()
+        return HyFuncMethod(self.large, self.small, self.retriever, self.projector, options, name, self.shared_pass)
 
     @classmethod
     def load(cls, directory: str | Path, options: CascadeOptions | None = None, device: str | None = None) -> HyFuncMethod:
@@ -97,18 +124,32 @@ class HyFuncMethod:
 
     def answer(self, messages: Sequence[dict], tools: Sequence[Tool]) -> Answer:
         timings: dict[str, float] = {}
-        start = time.perf_counter()
         library = self._library if self._library is not None and self._library.tools == list(tools) else None
-        encoding = self.encoder.encode(messages, library if library is not None else tools)
-        timings["large_prefill"] = time.perf_counter() - start
+        key = json.dumps([list(messages), [t.to_json_schema() for t in tools]], sort_keys=True, default=repr)
+        encoding = self.shared_pass.get(key) if self.shared_pass is not None else None
+        reused = encoding is not None
+        if encoding is None:
+            encoding = self.encoder.encode(messages, library if library is not None else tools)
+            if self.shared_pass is not None:
+                self.shared_pass.put(key, encoding)
+        timings["large_prefill"] = encoding.seconds
 
         start = time.perf_counter()
-        if self.options.retriever:
-            selected = [tools[i] for i in self.retriever.select(encoding.soft_token, encoding.function_embeddings)]
-        else:
-            selected = list(tools)
+        with torch.no_grad():
+            scores = self.retriever.scores(encoding.soft_token, encoding.function_embeddings) if len(tools) else torch.empty(0)
+        chosen = self.retriever.select_from_scores(scores) if len(tools) else []
+        selected = [tools[i] for i in chosen] if self.options.retriever else list(tools)
         timings["retrieve"] = time.perf_counter() - start
-        answer = Answer(calls=[], input_tokens=encoding.input_tokens, cached_tokens=encoding.cached_tokens, timings=timings)
+        ranking = torch.argsort(scores, descending=True, stable=True).tolist()
+        answer = Answer(
+            calls=[], input_tokens=encoding.input_tokens, cached_tokens=encoding.cached_tokens, timings=timings,
+            reused_seconds=encoding.seconds if reused else 0.0,
+            details={
+                "ranking": [tools[i].name for i in ranking],
+                "scores": [round(float(scores[i]), 4) for i in ranking],
+                "retrieved": [tools[i].name for i in chosen],
+            },
+        )
         if not selected:
             return answer  # no tool fits: the small model is not run
 

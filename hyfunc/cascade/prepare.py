@@ -243,8 +243,10 @@ def prepare(config: PrepareConfig, out: Path, large: Backend | None = None, smal
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     examples = load_examples(config.data)
-    if config.max_examples:
-        examples = examples[: config.max_examples]
+    if config.max_examples and config.max_examples < len(examples):
+        # A seeded sample, not the head: files are read in name order, so the head is one source.
+        keep = set(random.Random(config.seed).sample(range(len(examples)), config.max_examples))
+        examples = [ex for i, ex in enumerate(examples) if i in keep]
     train, val = split_examples(examples, config.val_fraction)
     train = augment_irrelevant(train, config.irrelevant_fraction, config.seed)
     val = augment_irrelevant(val, config.irrelevant_fraction, config.seed + 1)

@@ -26,7 +26,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from hyfunc.models.registry import hyfunc_home
 
@@ -359,12 +359,18 @@ def _jsonable(x: Any) -> Any:
     return json.loads(json.dumps(x, default=repr))
 
 
+def gold_functions(case: BfclCase) -> list[str]:
+    """Names of the functions the ground truth calls (with repeats for parallel calls); [] for
+    the (ir)relevance categories."""
+    return [name for call in case.possible_answer or [] for name in call]
+
+
 def evaluate_case(method, case: BfclCase) -> dict:
     """Run `method` on one case and score it; returns the record written to cases.jsonl."""
     from hyfunc.formats.calls import to_bfcl_output
     from hyfunc.formats.schema import parse_tools
 
-    record: dict[str, Any] = {"id": case.id, "category": case.category}
+    record: dict[str, Any] = {"id": case.id, "category": case.category, "gold_functions": gold_functions(case)}
     try:
         tools = parse_tools(case.functions)
     except Exception as e:  # hyfunc's own failure: never counted as a success
@@ -386,11 +392,13 @@ def evaluate_case(method, case: BfclCase) -> dict:
         model_error=answer.error,
         raw_text=answer.raw_text,
         timings=dict(answer.timings),
-        latency=wall,
+        latency=wall + answer.reused_seconds,
         input_tokens=int(answer.input_tokens or 0),
         output_tokens=int(answer.output_tokens or 0),
         cached_tokens=int(answer.cached_tokens or 0),
         injected_tokens=int(answer.injected_tokens or 0),
+        reused_seconds=answer.reused_seconds,
+        details=_jsonable(answer.details),
     )
     return record
 
@@ -412,43 +420,68 @@ def run_eval(
     stopped. `limit` caps the number of cases per category. Returns the summary also written to
     ``results.json`` (plus results.md and accuracy_latency.png).
     """
+    name = getattr(method, "name", "method")
+    return run_side_by_side({name: method}, categories, limit, {name: Path(out_dir)}, data_dir, resume, progress, write_report)[name]
+
+
+def run_side_by_side(
+    methods: Mapping[str, Any],
+    categories: Sequence[str] | None = None,
+    limit: int | None = None,
+    out_dirs: Mapping[str, str | Path] | None = None,
+    data_dir: str | Path | None = None,
+    resume: bool = True,
+    progress: bool = True,
+    write_report: bool = True,
+) -> dict[str, dict]:
+    """Score several methods on the same cases, interleaved: each case is answered by every method
+    in turn before the next case, so machine noise falls on all of them alike and latency ratios
+    are measured side by side. Each method keeps its own resumable ``cases.jsonl`` in its out dir
+    (default ``reports/bfcl/<label>``). Returns label -> summary.
+    """
     from tqdm import tqdm
 
     from hyfunc.eval import report
 
     categories = [canonical_category(c) for c in (categories or CATEGORIES)]
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    cases_path = out / "cases.jsonl"
-    if not resume and cases_path.exists():
-        cases_path.unlink()
-    done = _done_ids(cases_path)
+    dirs = {label: Path(out_dirs[label]) if out_dirs and label in out_dirs else Path("reports/bfcl") / label for label in methods}
+    done: dict[str, set[str]] = {}
+    for label, out in dirs.items():
+        out.mkdir(parents=True, exist_ok=True)
+        if not resume and (out / "cases.jsonl").exists():
+            (out / "cases.jsonl").unlink()
+        done[label] = _done_ids(out / "cases.jsonl")
 
     all_cases = [c for cat in categories for c in load_cases(cat, data_dir, limit)]
     wanted = {c.id for c in all_cases}
-    todo = [c for c in all_cases if c.id not in done]
-    with open(cases_path, "a", encoding="utf-8") as f, tqdm(
-        total=len(all_cases), initial=len(all_cases) - len(todo), desc=f"BFCL {getattr(method, 'name', 'method')}",
-        unit="case", disable=not progress,
-    ) as bar:
-        n_ok = sum(1 for r in read_case_records(out) if r["id"] in wanted and r.get("correct")) if done else 0
-        n_seen = len(all_cases) - len(todo)
-        for case in todo:
-            record = evaluate_case(method, case)
-            f.write(json.dumps(record, ensure_ascii=False, default=repr) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-            n_seen += 1
-            n_ok += bool(record["correct"])
-            bar.set_postfix(acc=f"{n_ok / max(1, n_seen):.3f}", cat=case.category)
-            bar.update(1)
+    todo = [c for c in all_cases if any(c.id not in done[label] for label in methods)]
+    files = {label: open(dirs[label] / "cases.jsonl", "a", encoding="utf-8") for label in methods}
+    try:
+        with tqdm(total=len(all_cases), initial=len(all_cases) - len(todo), unit="case", disable=not progress,
+                  desc=f"BFCL {', '.join(methods)}") as bar:
+            for case in todo:
+                for label, method in methods.items():
+                    if case.id in done[label]:
+                        continue
+                    record = evaluate_case(method, case)
+                    files[label].write(json.dumps(record, ensure_ascii=False, default=repr) + "\n")
+                    files[label].flush()
+                    os.fsync(files[label].fileno())
+                bar.set_postfix(cat=case.category)
+                bar.update(1)
+    finally:
+        for f in files.values():
+            f.close()
 
-    records = [r for r in read_case_records(out) if r["id"] in wanted]
-    summary = report.summarize(records, categories)
-    summary["meta"] = run_metadata(method, categories, limit, data_dir)
-    if write_report:
-        report.write_reports(summary, out)
-    return summary
+    summaries = {}
+    for label, method in methods.items():
+        records = [r for r in read_case_records(dirs[label]) if r["id"] in wanted]
+        summary = report.summarize(records, categories)
+        summary["meta"] = run_metadata(method, categories, limit, data_dir)
+        if write_report:
+            report.write_reports(summary, dirs[label])
+        summaries[label] = summary
+    return summaries
 
 
 def _method_config(method) -> Any:

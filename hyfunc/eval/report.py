@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import sys
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -157,19 +158,140 @@ def load_summary(run_dir: str | Path) -> dict:
     return json.loads((Path(run_dir) / "results.json").read_text(encoding="utf-8"))
 
 
-def compare_runs(run_dirs: Sequence[str | Path], out_dir: str | Path, names: Sequence[str] | None = None) -> dict[str, Path]:
-    """Merge several runs' results.json into comparison.{json,md,png} in `out_dir`.
+def _paired_ratio(records: list[dict], baseline: list[dict]) -> dict[str, Any] | None:
+    """Latency of `records` relative to `baseline` on the cases both answered."""
+    base = {r["id"]: float(r.get("latency") or 0.0) for r in baseline}
+    pairs = [(float(r.get("latency") or 0.0), base[r["id"]]) for r in records if r["id"] in base]
+    if not pairs or not all(b > 0 for _, b in pairs):
+        return None
+    mine, theirs = zip(*pairs)
+    return {
+        "n": len(pairs),
+        "ratio_of_means": statistics.fmean(mine) / statistics.fmean(theirs),
+        "ratio_of_medians": statistics.median(mine) / statistics.median(theirs),
+        "median_of_case_ratios": statistics.median(m / b for m, b in pairs),
+    }
+
+
+def prefill_decode(records: list[dict]) -> dict[str, float] | None:
+    """Mean prefill P and decode D of a direct-prompting run (its `timings`)."""
+    timed = [r["timings"] for r in records if "prefill" in r.get("timings", {})]
+    if not timed:
+        return None
+    return {"n": len(timed), "P": statistics.fmean(t["prefill"] for t in timed),
+            "D": statistics.fmean(t.get("decode", 0.0) for t in timed)}
+
+
+def generated_share(records: list[dict]) -> dict[str, Any] | None:
+    """Tokens the model generated / all tokens of the emitted calls (generated + injected)."""
+    if not any(r.get("injected_tokens") for r in records):
+        return None
+    generated = sum(int(r.get("output_tokens") or 0) for r in records)
+    injected = sum(int(r.get("injected_tokens") or 0) for r in records)
+    return {"generated": generated, "injected": injected, "share": generated / max(generated + injected, 1)}
+
+
+def retrieval_metrics(records: list[dict], ks: Sequence[int] = (1, 3, 5)) -> dict[str, dict] | None:
+    """Per category, the cascade's retrieval against the ground truth's function names: recall@k,
+    exact-set accuracy and, for the irrelevance categories, refusal accuracy."""
+    from hyfunc.cascade.retriever import exact_set_accuracy, recall_at_k, refusal_accuracy
+
+    with_ranking = [r for r in records if "ranking" in (r.get("details") or {})]
+    if not with_ranking:
+        return None
+    out = {}
+    for cat in dict.fromkeys(r["category"] for r in with_ranking):
+        ranked, gold, selected = [], [], []
+        for r in (r for r in with_ranking if r["category"] == cat):
+            position = {name: i for i, name in enumerate(r["details"]["ranking"])}
+            ranked.append(list(range(len(position))))
+            gold.append(sorted({position[n] for n in r.get("gold_functions") or [] if n in position}))
+            selected.append([position[n] for n in r["details"]["retrieved"]])
+        metrics: dict[str, Any] = {"n": len(ranked)}
+        if any(gold):
+            metrics.update({f"recall@{k}": recall_at_k(ranked, gold, k) for k in ks})
+            metrics["exact_set_accuracy"] = exact_set_accuracy(selected, gold)
+        else:
+            metrics["refusal_accuracy"] = refusal_accuracy(selected, gold)
+        out[cat] = metrics
+    return out
+
+
+def side_by_side_analysis(records: dict[str, list[dict]], baseline: str | None = None) -> dict[str, dict]:
+    """Per method: latency ratio to `baseline` (paired by case), the cascade-vs-P+D test against the
+    baseline's prefill/decode split, generated-token share, retrieval metrics."""
+    base = records.get(baseline) if baseline else None
+    pd = prefill_decode(base) if base else None
+    out = {}
+    for label, recs in records.items():
+        a: dict[str, Any] = {}
+        if base is not None and label != baseline:
+            a["latency_vs_baseline"] = _paired_ratio(recs, base)
+            if pd is not None and recs:
+                mean = statistics.fmean(float(r.get("latency") or 0.0) for r in recs)
+                target = pd["P"] + 0.15 * pd["D"]
+                a["vs_prefill_decode"] = {"latency_mean": mean, "P": pd["P"], "D": pd["D"], "P+0.15D": target,
+                                          "met": mean <= target, "excess_over_P_in_D": (mean - pd["P"]) / pd["D"] if pd["D"] else None}
+        a["generated_tokens"] = generated_share(recs)
+        a["retrieval"] = retrieval_metrics(recs)
+        out[label] = a
+    return out
+
+
+def _analysis_markdown(analysis: dict[str, dict], baseline: str | None) -> list[str]:
+    lines = []
+    if baseline:
+        lines += ["", f"## Latency against {baseline} (paired by case)", "",
+                  "| method | n | mean ratio | median ratio | median of case ratios | mean s | P + 0.15·D s | met |",
+                  "|---|---:|---:|---:|---:|---:|---:|---|"]
+        for label, a in analysis.items():
+            r, v = a.get("latency_vs_baseline"), a.get("vs_prefill_decode")
+            if not r:
+                continue
+            cells = [str(r["n"]), f"{r['ratio_of_means']:.2f}", f"{r['ratio_of_medians']:.2f}", f"{r['median_of_case_ratios']:.2f}"]
+            cells += [f"{v['latency_mean']:.2f}", f"{v['P+0.15D']:.2f}", "yes" if v["met"] else "no"] if v else ["–"] * 3
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        pd = next((a["vs_prefill_decode"] for a in analysis.values() if a.get("vs_prefill_decode")), None)
+        if pd:
+            lines += ["", f"{baseline}: mean prefill P = {pd['P']:.2f} s, mean decode D = {pd['D']:.2f} s per case."]
+    shares = {label: a["generated_tokens"] for label, a in analysis.items() if a.get("generated_tokens")}
+    if shares:
+        lines += ["", "## Generated vs injected tokens of the emitted calls", "",
+                  "| method | generated | injected | generated share |", "|---|---:|---:|---:|"]
+        lines += [f"| {label} | {g['generated']} | {g['injected']} | {100 * g['share']:.1f} % |" for label, g in shares.items()]
+    retrieval = next(((label, a["retrieval"]) for label, a in analysis.items() if a.get("retrieval")), None)
+    if retrieval:
+        label, per_cat = retrieval
+        keys = ["recall@1", "recall@3", "recall@5", "exact_set_accuracy", "refusal_accuracy"]
+        lines += ["", f"## Retrieval on BFCL ({label}; gold = the ground truth's function names)", "",
+                  "| category | n | " + " | ".join(keys) + " |", "|---|---:|" + "---:|" * len(keys)]
+        for cat, m in per_cat.items():
+            lines.append(f"| {cat} | {m['n']} | " + " | ".join(_fmt(m.get(k), "pct") for k in keys) + " |")
+    return lines
+
+
+def compare_runs(
+    run_dirs: Sequence[str | Path], out_dir: str | Path, names: Sequence[str] | None = None, baseline: str | None = None
+) -> dict[str, Path]:
+    """Merge several runs into comparison.{json,md,png} in `out_dir`.
 
     Methods are columns of accuracy (and median latency) per category. Runs with identical method
-    names are disambiguated by their folder name.
+    names are disambiguated by their folder name. With `baseline` (a method name), latency ratios,
+    the prefill/decode test, token shares and retrieval metrics are added (see side_by_side_analysis).
     """
+    from hyfunc.eval.bfcl import read_case_records
+
     summaries: dict[str, dict] = {}
+    records: dict[str, list[dict]] = {}
     for i, d in enumerate(run_dirs):
         s = load_summary(d)
         name = names[i] if names else s.get("meta", {}).get("method", Path(d).name)
         if name in summaries:
             name = f"{name} ({Path(d).name})"
         summaries[name] = s
+        records[name] = read_case_records(d)
+    if baseline is not None and baseline not in summaries:
+        raise ValueError(f"baseline {baseline!r} is not among the runs: {', '.join(summaries)}")
     cats: list[str] = []
     for s in summaries.values():
         for c in s["categories"]:
@@ -187,11 +309,16 @@ def compare_runs(run_dirs: Sequence[str | Path], out_dir: str | Path, names: Seq
             cells.append(f"{_fmt(s.get('accuracy'), 'pct')} (n={n})" if n else "–")
             cells.append(_fmt(s.get("latency_median"), "s"))
         rows.append(f"| {'**overall**' if c == OVERALL else c} | " + " | ".join(cells) + " |")
+    analysis = side_by_side_analysis(records, baseline)
+    rows += _analysis_markdown(analysis, baseline)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / "comparison.json", "md": out / "comparison.md", "png": out / "comparison.png"}
-    paths["json"].write_text(json.dumps({"runs": {m: str(d) for m, d in zip(methods, run_dirs)},
-                                         "summaries": summaries}, indent=2, default=repr) + "\n", encoding="utf-8")
-    paths["md"].write_text("# BFCL comparison (official checker)\n\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    paths["json"].write_text(json.dumps({"runs": {m: str(d) for m, d in zip(methods, run_dirs)}, "baseline": baseline,
+                                         "summaries": summaries, "analysis": analysis}, indent=2, default=repr) + "\n",
+                             encoding="utf-8")
+    command = f"Command: `{' '.join(sys.argv)}`\n\n" if sys.argv and sys.argv[0].endswith("hyfunc") else ""
+    paths["md"].write_text("# BFCL comparison (official checker)\n\n" + command + "\n".join(rows) + "\n", encoding="utf-8")
     plot_accuracy_latency(summaries, paths["png"])
     return paths
+

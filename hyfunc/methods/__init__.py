@@ -20,19 +20,19 @@ def load_method(
     prefix_caching: bool = False,
     artifact: str | None = None,
     ablate: tuple[str, ...] = (),
+    backend=None,
 ) -> Method:
     """Build a method by name with its model(s) loaded.
 
     direct: `model` answers with every tool in its prompt. hyfunc: the cascade prepared in the
-    `artifact` directory; `ablate` switches stages off ("soft_token", "retriever", "templating").
+    `artifact` directory (default: the shipped one); `ablate` switches stages off ("soft_token",
+    "retriever", "templating"). `backend`: an already loaded Backend of `model` to reuse (direct).
     """
     if name == "hyfunc":
-        from hyfunc.cascade.pipeline import CascadeOptions, HyFuncMethod
+        from hyfunc.cascade.pipeline import DEFAULT_ARTIFACT, CascadeOptions, HyFuncMethod
 
-        if artifact is None:
-            raise ValueError("method 'hyfunc' needs an artifact directory made by `hyfunc prepare`")
         options = CascadeOptions(**{stage: False for stage in ablate})
-        return HyFuncMethod.load(artifact, options=options, device=device)
+        return HyFuncMethod.load(artifact or DEFAULT_ARTIFACT, options=options, device=device)
     if name != "direct":
         raise ValueError(f"unknown method {name!r}; available: {', '.join(METHODS)}")
     if model is None:
@@ -42,7 +42,9 @@ def load_method(
 
     if style == "auto":
         style = PREFERRED_STYLE.get(model, "bfcl")
-    return DirectMethod(Backend(model, device=device), style=style, prefix_caching=prefix_caching)
+    if backend is None:
+        backend = Backend(model, device=device)
+    return DirectMethod(backend, style=style, prefix_caching=prefix_caching)
 
 
 __all__ = ["Answer", "Method", "METHODS", "load_method", "PREFERRED_STYLE"]

@@ -1,0 +1,38 @@
+"""The trained default cascade shipped in hyfunc/data/cascade, on the real models (1.5B + 135M)."""
+import json
+
+import pytest
+
+from hyfunc.cascade.pipeline import DEFAULT_ARTIFACT
+from hyfunc.formats.schema import parse_tools
+from hyfunc.formats.validate import argument_errors
+from hyfunc.methods import load_method
+
+pytestmark = pytest.mark.integration
+
+DEMO_TOOLS = parse_tools(json.loads((DEFAULT_ARTIFACT.parent / "demo.json").read_text())["tools"])
+
+
+@pytest.fixture(scope="module")
+def cascade():
+    return load_method("hyfunc")
+
+
+def test_manifest_records_models_data_and_metrics():
+    manifest = json.loads((DEFAULT_ARTIFACT / "manifest.json").read_text())
+    assert manifest["format"] == "hyfunc-cascade"
+    assert manifest["large_model"] == "qwen-coder-1.5b" and manifest["models"]["large"]["gguf_sha256"]
+    assert len(manifest["data"]["sha256"]) == 64 and manifest["data"]["train"] > 0
+    assert "recall@1" in manifest["metrics"]["retriever"]["validation"]
+    total = sum(p.stat().st_size for p in DEFAULT_ARTIFACT.rglob("*") if p.is_file())
+    assert total < 60e6  # weights that travel with the code stay small
+
+
+def test_a_real_request_is_answered_by_the_cascade(cascade):
+    answer = cascade.answer([{"role": "user", "content": "What's the weather in Tokyo right now, in fahrenheit?"}], DEMO_TOOLS)
+    assert answer.error is None and len(answer.calls) >= 1
+    call = answer.calls[0]
+    assert call.name == "get_weather" and argument_errors(call, DEMO_TOOLS) == []
+    assert "tokyo" in str(call.arguments.get("city", "")).lower()
+    assert {"large_prefill", "retrieve", "small_prefill", "small_decode"} <= set(answer.timings)
+    assert answer.injected_tokens > 0 and answer.output_tokens > 0
