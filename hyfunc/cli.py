@@ -186,7 +186,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
     config = PrepareConfig(
         large_model=args.large, small_model=args.small, data=args.data, sft_epochs=args.epochs,
-        lora_rank=args.lora_rank, max_examples=args.max_examples, seed=args.seed,
+        lora_rank=args.lora_rank, max_examples=args.max_examples, sft_max_items=args.sft_max_items, seed=args.seed,
     )
     manifest = prepare(config, Path(args.out))
     print(json.dumps({"artifact": args.out, "metrics": manifest["metrics"], "seconds": manifest["seconds"]}, indent=2))
@@ -274,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     prep.add_argument("--epochs", type=int, default=1, help="small-model fine-tuning epochs")
     prep.add_argument("--lora-rank", type=int, default=16, help="LoRA rank of the small model; 0 trains the projector only")
     prep.add_argument("--max-examples", type=int, default=None, help="a seeded sample of N examples (quick runs)")
+    prep.add_argument("--sft-max-items", type=int, default=None, help="fine-tune the small model on a seeded sample of N items")
     prep.add_argument("--seed", type=int, default=0)
     prep.set_defaults(func=cmd_prepare)
 

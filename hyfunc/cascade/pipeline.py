@@ -108,7 +108,7 @@ class HyFuncMethod:
             raise FileNotFoundError(f"{directory}: no {MANIFEST}; not a prepared cascade (run `hyfunc prepare`)")
         manifest = json.loads(manifest_path.read_text())
         large = Backend(manifest["large_model"], device=device)
-        small = Backend(manifest["small_model"], device=device)
+        small = Backend(manifest["small_model"], device=device, dtype=torch.float32)  # as trained
         if (directory / "adapter").is_dir():
             from peft import PeftModel
 

@@ -102,9 +102,10 @@ def soft_prefix_loss(
     table = backend.model.get_input_embeddings()
     target = torch.tensor(list(target_ids), device=table.weight.device)
     embeds = torch.cat([prompt_embeds(backend, projector, prompt, soft_token), table(target)])
-    logits = backend.model(inputs_embeds=embeds.unsqueeze(0)).logits[0]
-    start = embeds.shape[0] - len(target_ids)
-    predicted = logits[start - 1 : -1]  # position t predicts token t + 1
+    # Only the positions that predict target tokens need logits (the vocabulary projection of the
+    # whole prompt would be wasted work): the last len(target) + 1, of which position t predicts t + 1.
+    logits = backend.model(inputs_embeds=embeds.unsqueeze(0), logits_to_keep=len(target_ids) + 1).logits[0]
+    predicted = logits[:-1]
     mask = torch.tensor(list(generated_mask), device=logits.device)
     if not mask.any():
         return predicted.sum() * 0.0  # nothing to learn here, but keep the graph connected
