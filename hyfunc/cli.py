@@ -107,11 +107,11 @@ def cmd_eval_bfcl(args: argparse.Namespace) -> int:
         return 2
     methods = _side_by_side_methods(args)
     main_label = next(iter(methods))
-    out_dir = Path(args.out or f"reports/{main_label.replace(':', '_').replace('/', '_')}")
+    out_dir = Path(args.out or f"reports/{_dir_name(main_label)}")
     if len(methods) == 1:
         dirs = {main_label: out_dir}
     else:
-        dirs = {label: out_dir / label.replace(":", "_").replace("/", "_") for label in methods}
+        dirs = {label: out_dir / _dir_name(label) for label in methods}
     summaries = run_side_by_side(methods, categories, args.limit, dirs, args.data_dir, resume=not args.no_resume)
     if len(methods) == 1:
         print((out_dir / "results.md").read_text())
@@ -122,6 +122,10 @@ def cmd_eval_bfcl(args: argparse.Namespace) -> int:
         paths = compare_runs([dirs[label] for label in methods], out_dir, names=list(methods), baseline=baseline)
         print(paths["md"].read_text())
     return 0 if all(summaries.values()) else 1
+
+
+def _dir_name(label: str) -> str:
+    return label.replace(":", "_").replace("/", "_")
 
 
 def _side_by_side_methods(args: argparse.Namespace) -> dict:

@@ -56,11 +56,15 @@ class SharedLargePass:
         self._key: str | None = None
         self._encoding: Encoding | None = None
 
-    def get(self, key: str) -> Encoding | None:
-        return self._encoding if key == self._key else None
-
-    def put(self, key: str, encoding: Encoding) -> None:
-        self._key, self._encoding = key, encoding
+    def encode(
+        self, encoder: SoftTokenEncoder, messages: Sequence[dict], tools: Sequence[Tool], source
+    ) -> tuple[Encoding, bool]:
+        """(encoding of `messages` over `source` (the tools or their LibraryCache), reused?)."""
+        key = json.dumps([list(messages), [t.to_json_schema() for t in tools]], sort_keys=True, default=repr)
+        if key == self._key and self._encoding is not None:
+            return self._encoding, True
+        self._key, self._encoding = key, encoder.encode(messages, source)
+        return self._encoding, False
 
 
 def _request_text(messages: Sequence[dict]) -> str:
@@ -125,13 +129,11 @@ class HyFuncMethod:
     def answer(self, messages: Sequence[dict], tools: Sequence[Tool]) -> Answer:
         timings: dict[str, float] = {}
         library = self._library if self._library is not None and self._library.tools == list(tools) else None
-        key = json.dumps([list(messages), [t.to_json_schema() for t in tools]], sort_keys=True, default=repr)
-        encoding = self.shared_pass.get(key) if self.shared_pass is not None else None
-        reused = encoding is not None
-        if encoding is None:
-            encoding = self.encoder.encode(messages, library if library is not None else tools)
-            if self.shared_pass is not None:
-                self.shared_pass.put(key, encoding)
+        source = library if library is not None else tools
+        if self.shared_pass is not None:
+            encoding, reused = self.shared_pass.encode(self.encoder, messages, tools, source)
+        else:
+            encoding, reused = self.encoder.encode(messages, source), False
         timings["large_prefill"] = encoding.seconds
 
         start = time.perf_counter()
