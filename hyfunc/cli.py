@@ -170,14 +170,18 @@ def cmd_bench_library(args: argparse.Namespace) -> int:
 
 def cmd_bench_retriever(args: argparse.Namespace) -> int:
     from hyfunc.cascade.pipeline import DEFAULT_ARTIFACT, HyFuncMethod
-    from hyfunc.eval.retrieval import library_requests, load_library, run_retrieval_benchmark
+    from hyfunc.cascade.library import load_library
+    from hyfunc.eval.retrieval import library_requests, run_retrieval_benchmark
 
     library = load_library(args.library)
     requests = library_requests(args.data, library, args.limit)
     if not requests:
         raise ValueError(f"no held-out example in {args.data} calls only tools of {args.library}")
     cascade = HyFuncMethod.load(args.artifact or DEFAULT_ARTIFACT, device=args.device)
-    result = run_retrieval_benchmark(cascade.encoder, cascade.retriever, library, requests)
+    retrievers = {"joint (trained on tool-list prompts)": cascade.retriever}
+    if cascade.library_retriever is not None:
+        retrievers["library (per-function mode)"] = cascade.library_retriever
+    result = run_retrieval_benchmark(cascade.encoder, retrievers, library, requests)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "retrieval.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -191,6 +195,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     config = PrepareConfig(
         large_model=args.large, small_model=args.small, data=args.data, sft_epochs=args.epochs,
         lora_rank=args.lora_rank, max_examples=args.max_examples, sft_max_items=args.sft_max_items, seed=args.seed,
+        library=args.library,
     )
     manifest = prepare(config, Path(args.out))
     print(json.dumps({"artifact": args.out, "metrics": manifest["metrics"], "seconds": manifest["seconds"]}, indent=2))
@@ -277,8 +282,9 @@ def main(argv: list[str] | None = None) -> int:
     prep.add_argument("--out", required=True, help="artifact directory (re-run the same command to resume)")
     prep.add_argument("--epochs", type=int, default=1, help="small-model fine-tuning epochs")
     prep.add_argument("--lora-rank", type=int, default=16, help="LoRA rank of the small model; 0 trains the projector only")
-    prep.add_argument("--max-examples", type=int, default=None, help="a seeded sample of N examples (quick runs)")
-    prep.add_argument("--sft-max-items", type=int, default=None, help="fine-tune the small model on a seeded sample of N items")
+    prep.add_argument("--max-examples", type=int, default=None, help="a seeded sample of N examples, balanced by call pattern")
+    prep.add_argument("--sft-max-items", type=int, default=None, help="fine-tune the small model on N items, balanced by call pattern")
+    prep.add_argument("--library", default=None, help="a large tool library (JSON Lines): also train its per-function retriever")
     prep.add_argument("--seed", type=int, default=0)
     prep.set_defaults(func=cmd_prepare)
 

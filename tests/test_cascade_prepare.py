@@ -2,11 +2,13 @@
 import json
 
 import pytest
+import torch
 
 from hyfunc.cascade.pipeline import CascadeOptions, HyFuncMethod
 from hyfunc.cascade.prepare import PrepareConfig, prepare
 from hyfunc.cascade.retriever import Retriever
 from hyfunc.cascade.small_model import load_projector
+from hyfunc.cascade.soft_token import SoftTokenEncoder
 from hyfunc.formats.schema import parse_tools
 from hyfunc.formats.validate import argument_errors
 from tests.tiny_models import tiny_backend
@@ -145,9 +147,9 @@ def test_library_benchmark_on_held_out_examples(tmp_path):
     assert "p50 ratio hyfunc / direct" in paths["md"].read_text() and paths["png"].stat().st_size > 0
 
 
-def test_retrieval_benchmark_over_a_cached_library(data_file, tmp_path, monkeypatch):
-    from hyfunc.cascade.soft_token import SoftTokenEncoder
-    from hyfunc.eval.retrieval import library_requests, load_library, run_retrieval_benchmark
+def test_library_retriever_benchmark_and_per_function_serving(data_file, tmp_path, monkeypatch):
+    from hyfunc.cascade.library import load_library
+    from hyfunc.eval.retrieval import library_requests, run_retrieval_benchmark
 
     monkeypatch.setenv("HYFUNC_HOME", str(tmp_path / "home"))
     library_file = tmp_path / "library.jsonl"
@@ -161,14 +163,75 @@ def test_retrieval_benchmark_over_a_cached_library(data_file, tmp_path, monkeypa
 
     large, small = tiny_backend(hidden_size=48, seed=1), tiny_backend(hidden_size=32, seed=2)
     config = PrepareConfig(large_model="l", small_model="s", data=[str(data_file)], val_fraction=0.3,
-                           retriever={"proj_dim": 16, "epochs": 1}, sft_epochs=1, lora_rank=0)
-    prepare(config, tmp_path / "artifact", large=large, small=small)
-    retriever = Retriever.load(tmp_path / "artifact" / "retriever")
-    result = run_retrieval_benchmark(SoftTokenEncoder(large), retriever, library, requests, ks=(1, 3))
-    assert result["library_tools"] == 3 and result["recall@3"] == 1.0 and 0 <= result["recall@1"] <= 1
-    assert result["search_ms_median"] > 0
+                           retriever={"proj_dim": 16, "epochs": 1}, sft_epochs=1, lora_rank=0, library=str(library_file))
+    manifest = prepare(config, tmp_path / "artifact", large=large, small=small)
+    lib_metrics = manifest["metrics"]["library_retriever"]
+    assert lib_metrics["train_examples"] > 0 and "recall@1" in lib_metrics["validation"]
+    joint = Retriever.load(tmp_path / "artifact" / "retriever")
+    per_function = Retriever.load(tmp_path / "artifact" / "library_retriever")
+    assert per_function.meta["library"]["tools"] == 3
+
+    retrievers = {"joint": joint, "library": per_function}
+    result = run_retrieval_benchmark(SoftTokenEncoder(large), retrievers, library, requests, ks=(1, 3))
+    assert result["library_tools"] == 3 and set(result["retrievers"]) == {"joint", "library"}
+    for metrics in result["retrievers"].values():
+        assert metrics["recall@3"] == 1.0 and 0 <= metrics["recall@1"] <= 1 and metrics["search_ms_median"] > 0
     shards = sorted((tmp_path / "home" / "library-embeddings").rglob("*.safetensors"))
-    assert len(shards) == 1
+    assert len(shards) == 1  # embedded once, by prepare; the benchmark reused it
     stamp = shards[0].stat().st_mtime_ns
-    run_retrieval_benchmark(SoftTokenEncoder(large), retriever, library, requests[:1], ks=(1,))
-    assert shards[0].stat().st_mtime_ns == stamp  # the library is embedded once
+    run_retrieval_benchmark(SoftTokenEncoder(large), retrievers, library, requests[:1], ks=(1,))
+    assert shards[0].stat().st_mtime_ns == stamp
+
+    # serving a library larger than a prompt: per-function mode with the library retriever
+    monkeypatch.setattr(HyFuncMethod, "MAX_PROMPT_TOOLS", 2)
+    method = HyFuncMethod(large, small, joint, load_projector(tmp_path / "artifact"), library_retriever=per_function)
+    method.use_library(library)
+    answer = method.answer([{"role": "user", "content": "What is the weather in Oslo?"}], library)
+    assert answer.cached_tokens > 0 and set(answer.details["ranking"]) == {t.name for t in library}
+    for call in answer.calls:
+        assert argument_errors(call, library) == []
+    without = HyFuncMethod(large, small, joint, load_projector(tmp_path / "artifact"))
+    with pytest.raises(ValueError, match="library retriever"):
+        without.use_library(library)
+
+
+def test_balanced_sample_and_refusal_examples():
+    from hyfunc.cascade.data import augment_refusals, call_pattern, sample_by_pattern
+    from hyfunc.cascade.data import Example
+    from hyfunc.formats.calls import Call
+
+    tools = parse_tools([WEATHER, TABLE, FX])
+    one = lambda i: Example(f"s{i}", "t", "q", tools, [Call("get_weather", {"city": "x"})])  # noqa: E731
+    rows = [one(i) for i in range(90)]
+    rows += [Example(f"r{i}", "t", "q", tools, [Call("get_weather", {"city": "a"}), Call("get_weather", {"city": "b"})]) for i in range(5)]
+    rows += [Example(f"n{i}", "t", "q", tools, []) for i in range(5)]
+    sample = sample_by_pattern(rows, 30, seed=0)
+    patterns = [call_pattern(ex) for ex in sample]
+    assert len(sample) == 30 and patterns.count("repeated") == 5 and patterns.count("none") == 5
+    assert sample == sorted(sample, key=rows.index) and sample_by_pattern(rows, 30, seed=0) == sample
+    assert sample_by_pattern(rows, 200, seed=0) == rows
+
+    augmented = augment_refusals(rows[:20], 0.5, seed=0)
+    extra = augmented[20:]
+    assert extra and all(ex.answers == [] for ex in extra)
+    near = [ex for ex in extra if ex.source == "augmented-near-miss"]
+    assert near and all("get_weather" not in {t.name for t in ex.tools} and ex.tools for ex in near)
+    assert [ex.id for ex in augment_refusals(rows[:20], 0.5, seed=0)[20:]] == [ex.id for ex in extra]
+
+
+def test_embeddings_are_cached_by_example_id(data_file, tmp_path):
+    from hyfunc.cascade.data import load_examples
+    from hyfunc.cascade.prepare import compute_embeddings, load_embeddings
+
+    examples = load_examples([str(data_file)])
+    encoder = SoftTokenEncoder(tiny_backend(hidden_size=48, seed=1))
+    compute_embeddings(encoder, examples[:8], tmp_path, shard_size=4)
+    first = sorted(tmp_path.glob("*.safetensors"))
+    stamps = [p.stat().st_mtime_ns for p in first]
+    compute_embeddings(encoder, examples[4:12], tmp_path, shard_size=4)  # half new: one shard added
+    assert [p.stat().st_mtime_ns for p in first] == stamps and len(list(tmp_path.glob("*.safetensors"))) == 3
+    loaded = load_embeddings(tmp_path, {ex.id for ex in examples[2:10]})
+    assert set(loaded) == {ex.id for ex in examples[2:10]}
+    soft, functions = loaded[examples[9].id]
+    assert functions.shape == (len(examples[9].tools), 48)
+    assert torch.allclose(soft, encoder.encode(examples[9].query, examples[9].tools).soft_token, atol=1e-5)

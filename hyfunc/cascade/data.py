@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Union
@@ -82,3 +83,64 @@ def split_examples(
         u = int.from_bytes(digest[:8], "big") / 2**64  # uniform in [0, 1)
         (val if u < val_fraction else train).append(ex)
     return train, val
+
+
+def call_pattern(example: Example) -> str:
+    """What an example teaches about the call list: "none", "single", "distinct" (several calls of
+    different tools) or "repeated" (one tool called several times, BFCL's parallel case)."""
+    names = [c.name for c in example.answers]
+    if not names:
+        return "none"
+    if len(names) == 1:
+        return "single"
+    return "repeated" if len(set(names)) < len(names) else "distinct"
+
+
+def sample_by_pattern(items: list, n: int, seed: int, pattern=call_pattern) -> list:
+    """A seeded uniform sample of `n` items in which every call pattern gets at least an equal
+    share (n / number of patterns, or all its items if it has fewer): short patterns are topped up
+    at the expense of the most common ones. Returned in the items' original order. fc-train has
+    few repeated calls and refusals: a plain sample would leave them barely taught."""
+    if n >= len(items):
+        return list(items)
+    rng = random.Random(seed)
+    chosen = set(rng.sample(range(len(items)), n))
+    groups: dict[str, list[int]] = {}
+    for i, item in enumerate(items):
+        groups.setdefault(pattern(item), []).append(i)
+    quota = n // len(groups)
+    for members in groups.values():
+        have = [i for i in members if i in chosen]
+        missing = [i for i in members if i not in chosen]
+        chosen.update(rng.sample(missing, max(0, min(quota, len(members)) - len(have))))
+    while len(chosen) > n:  # give back from the largest pattern
+        largest = max(groups.values(), key=lambda m: sum(i in chosen for i in m))
+        chosen.discard(rng.choice([i for i in largest if i in chosen]))
+    return [items[i] for i in sorted(chosen)]
+
+
+def augment_refusals(examples: list[Example], fraction: float, seed: int) -> list[Example]:
+    """No-call examples built from the data itself, `fraction` of len(examples) of each kind:
+
+    - near miss: a request shown its own tool list without the tools its answer calls (same domain,
+      close names: BFCL's irrelevance cases look like this);
+    - unrelated: a request shown only the tools of another example that share no name with its own.
+
+    Ids name what the example is made of, so cached embeddings stay valid across runs."""
+    rng = random.Random(seed)
+    callers = [e for e in examples if e.answers]
+    extra: dict[str, Example] = {}
+    near = [e for e in callers if any(t.name not in {c.name for c in e.answers} for t in e.tools)]
+    for ex in rng.sample(near, min(len(near), int(len(examples) * fraction))):
+        gold = {c.name for c in ex.answers}
+        extra[f"{ex.id}~without-gold"] = Example(
+            f"{ex.id}~without-gold", "augmented-near-miss", ex.query, [t for t in ex.tools if t.name not in gold], []
+        )
+    for _ in range(int(len(examples) * fraction)):
+        ex, other = rng.sample(callers, 2)
+        own = {t.name for t in ex.tools}
+        tools = [t for t in other.tools if t.name not in own]
+        if tools:
+            key = f"{ex.id}~tools-of~{other.id}"
+            extra[key] = Example(key, "augmented-unrelated", ex.query, tools, [])
+    return examples + list(extra.values())

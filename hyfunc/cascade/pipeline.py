@@ -13,6 +13,7 @@ An artifact directory (written by `hyfunc prepare`) holds what was trained::
     retriever/           manifest.json + retriever.safetensors
     projector.safetensors, projector.json
     adapter/             LoRA adapter of the small model (peft), optional
+    library_retriever/   retriever for a large library in per-function mode, optional
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from typing import Sequence
 
 import torch
 
+from hyfunc.cascade.library import library_embeddings
 from hyfunc.cascade.retriever import Retriever
 from hyfunc.cascade.small_model import SoftTokenProjector, build_small_prompt, load_projector, prompt_embeds
 from hyfunc.cascade.soft_token import Encoding, LibraryCache, SoftTokenEncoder
@@ -34,6 +36,7 @@ from hyfunc.methods.base import Answer
 from hyfunc.models.backend import Backend
 
 MANIFEST = "manifest.json"
+RANKING_SHOWN = 32  # tools listed, best first, in an answer's details
 #: The trained default cascade shipped inside the package (made by `hyfunc prepare`, see its manifest).
 DEFAULT_ARTIFACT = Path(__file__).resolve().parents[1] / "data" / "cascade"
 
@@ -84,10 +87,12 @@ class HyFuncMethod:
         options: CascadeOptions | None = None,
         name: str = "hyfunc",
         shared_pass: SharedLargePass | None = None,
+        library_retriever: Retriever | None = None,
     ):
         self.large, self.small = large, small
         self.encoder = SoftTokenEncoder(large)
         self.retriever = retriever
+        self.library_retriever = library_retriever
         self.projector = projector.to(small.device).eval() if projector is not None else None
         self.options = options or CascadeOptions()
         if self.options.soft_token and self.projector is None:
@@ -96,13 +101,16 @@ class HyFuncMethod:
         self.name = name
         self.shared_pass = shared_pass
         self._library: LibraryCache | None = None
+        self._per_function: tuple[list[Tool], torch.Tensor] | None = None  # a large library's tools, embeddings
 
     def variant(self, options: CascadeOptions, name: str) -> HyFuncMethod:
         """The same trained parts under other options (an ablation); both then share each
         request's large-model pass, so a side-by-side run pays for it once."""
         if self.shared_pass is None:
             self.shared_pass = SharedLargePass()
-        return HyFuncMethod(self.large, self.small, self.retriever, self.projector, options, name, self.shared_pass)
+        return HyFuncMethod(
+            self.large, self.small, self.retriever, self.projector, options, name, self.shared_pass, self.library_retriever
+        )
 
     @classmethod
     def load(cls, directory: str | Path, options: CascadeOptions | None = None, device: str | None = None) -> HyFuncMethod:
@@ -120,29 +128,57 @@ class HyFuncMethod:
             small.model = PeftModel.from_pretrained(small.model, directory / "adapter").merge_and_unload().eval()
         projector = load_projector(directory) if (directory / "projector.json").is_file() else None
         retriever = Retriever.load(directory / "retriever")
-        return cls(large, small, retriever, projector, options, name=f"hyfunc:{directory.name}")
+        library_retriever = Retriever.load(directory / "library_retriever") if (directory / "library_retriever").is_dir() else None
+        return cls(large, small, retriever, projector, options, name=f"hyfunc:{directory.name}", library_retriever=library_retriever)
+
+    #: Libraries up to this many tools are read in one prompt (joint mode); larger ones per function.
+    MAX_PROMPT_TOOLS = 128
 
     def use_library(self, tools: Sequence[Tool]) -> None:
-        """Fix the tool library (the server case): its KV cache is computed once and reused."""
-        self._library = self.encoder.build_library(tools)
+        """Fix the tool library (the server case). Up to MAX_PROMPT_TOOLS tools, the KV cache of
+        [instruction + tools] is computed once and each request runs only its own tokens. A larger
+        library never fits a prompt: its tools are embedded one by one (cached on disk), each
+        request gets a soft token over [instruction + request], and the artifact's library
+        retriever (`hyfunc prepare --library`) picks the tools the small model sees."""
+        tools = list(tools)
+        self._library, self._per_function = None, None
+        if len(tools) <= self.MAX_PROMPT_TOOLS:
+            self._library = self.encoder.build_library(tools)
+            return
+        if self.library_retriever is None:
+            raise ValueError(
+                f"a library of {len(tools)} tools is read per function and needs a library retriever: "
+                "prepare the cascade with `hyfunc prepare --library <tools.jsonl>`"
+            )
+        self._per_function = (tools, library_embeddings(self.encoder, tools))
 
-    def answer(self, messages: Sequence[dict], tools: Sequence[Tool]) -> Answer:
-        timings: dict[str, float] = {}
+    def _encode(self, messages: Sequence[dict], tools: Sequence[Tool]) -> tuple[Encoding, bool, Retriever]:
+        """The large model's pass for this request: (encoding, reused from a shared pass?, the
+        retriever that matches how it was encoded)."""
+        if self._per_function is not None and self._per_function[0] == list(tools):
+            encoding = self.encoder.encode_request(messages)
+            encoding.function_embeddings = self._per_function[1]
+            return encoding, False, self.library_retriever
         library = self._library if self._library is not None and self._library.tools == list(tools) else None
         source = library if library is not None else tools
         if self.shared_pass is not None:
             encoding, reused = self.shared_pass.encode(self.encoder, messages, tools, source)
-        else:
-            encoding, reused = self.encoder.encode(messages, source), False
+            return encoding, reused, self.retriever
+        return self.encoder.encode(messages, source), False, self.retriever
+
+    def answer(self, messages: Sequence[dict], tools: Sequence[Tool]) -> Answer:
+        timings: dict[str, float] = {}
+        encoding, reused, retriever = self._encode(messages, tools)
         timings["large_prefill"] = encoding.seconds
 
         start = time.perf_counter()
         with torch.no_grad():
-            scores = self.retriever.scores(encoding.soft_token, encoding.function_embeddings) if len(tools) else torch.empty(0)
-        chosen = self.retriever.select_from_scores(scores) if len(tools) else []
+            scores = retriever.scores(encoding.soft_token, encoding.function_embeddings) if len(tools) else torch.empty(0)
+        chosen = retriever.select_from_scores(scores) if len(tools) else []
         selected = [tools[i] for i in chosen] if self.options.retriever else list(tools)
         timings["retrieve"] = time.perf_counter() - start
-        ranking = torch.argsort(scores, descending=True, stable=True).tolist()
+        # The best RANKING_SHOWN only: a per-function library has thousands of tools.
+        ranking = torch.argsort(scores, descending=True, stable=True)[:RANKING_SHOWN].tolist()
         answer = Answer(
             calls=[], input_tokens=encoding.input_tokens, cached_tokens=encoding.cached_tokens, timings=timings,
             reused_seconds=encoding.seconds if reused else 0.0,

@@ -3,9 +3,11 @@
 Every stage writes its result into the artifact directory and is skipped when that result is
 already there, so an interrupted run resumes where it stopped:
 
-    embeddings/NNNNN.safetensors   large-model soft tokens + function embeddings, one shard per
-                                   `shard_size` examples (a shard is written whole or not at all)
+    embeddings/NNNNN.safetensors   large-model soft tokens + function embeddings, shards of
+                                   `shard_size` examples keyed by example id (written whole or not at all)
     retriever/                     trained + calibrated retriever (manifest written last)
+    library_retriever/, library-requests/   with --library: a retriever for that library in
+                                   per-function mode, and its cached request soft tokens
     sft/                           small-model checkpoint (projector, LoRA adapter, step), per epoch
     projector.*, adapter/          the final small-model parts
     manifest.json                  models, data hash, hyper-parameters, metrics (written last)
@@ -26,9 +28,10 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
-from hyfunc.cascade.data import Example, load_examples, split_examples
+from hyfunc.cascade.data import Example, augment_refusals, call_pattern, load_examples, sample_by_pattern, split_examples
+from hyfunc.cascade.library import train_library_retriever
 from hyfunc.cascade.retriever import RetrievalData, Retriever, RetrieverConfig, calibrate, evaluate, train_retriever
-from hyfunc.cascade.small_model import SoftTokenProjector, build_small_prompt, save_projector, soft_prefix_loss
+from hyfunc.cascade.small_model import SmallPrompt, SoftTokenProjector, build_small_prompt, save_projector, soft_prefix_loss
 from hyfunc.cascade.soft_token import SoftTokenEncoder
 from hyfunc.cascade.templating import TemplateDecoder, TemplateError, target_token_mask
 from hyfunc.models.backend import Backend, default_dtype
@@ -40,15 +43,16 @@ class PrepareConfig:
     small_model: str
     data: list[str]
     val_fraction: float = 0.1
-    irrelevant_fraction: float = 0.15  # extra no-call examples: a request paired with unrelated tools
+    refusal_fraction: float = 0.15  # extra no-call examples of each kind (near miss, unrelated tools)
     shard_size: int = 64
     retriever: dict = field(default_factory=lambda: {"proj_dim": 256, "mlp_hidden": 0, "epochs": 30, "lr": 1e-3})
     sft_epochs: int = 1
     sft_lr: float = 2e-4
     sft_grad_accum: int = 8
     lora_rank: int = 16  # 0: train the projector only
-    sft_max_items: int | None = None  # a seeded sample of the SFT items (fine-tuning time is linear in it)
-    max_examples: int | None = None  # a smaller run for quick checks
+    sft_max_items: int | None = None  # a sample of the SFT items, balanced by call pattern (time is linear in it)
+    max_examples: int | None = None  # a sample of the data, balanced by call pattern (embedding time is linear in it)
+    library: str | None = None  # a large tool library (JSON Lines): also train a retriever for it, per-function mode
     seed: int = 0
 
 
@@ -60,35 +64,20 @@ def data_hash(paths: Sequence[str]) -> str:
     return digest.hexdigest()
 
 
-def augment_irrelevant(examples: list[Example], fraction: float, seed: int) -> list[Example]:
-    """No-call examples built from the data itself: a request shown only tools of another example
-    that share no name with its own, so nothing offered can serve it. Teaches refusal."""
-    rng = random.Random(seed)
-    callers = [e for e in examples if e.answers]
-    extra = []
-    for i in range(int(len(examples) * fraction)):
-        ex, other = rng.sample(callers, 2)
-        own = {t.name for t in ex.tools}
-        tools = [t for t in other.tools if t.name not in own]
-        if tools:
-            extra.append(Example(f"{ex.id}~irrelevant{i}", "augmented-irrelevant", ex.query, tools, []))
-    return examples + extra
-
-
 # ---------------------------------------------------------------------------------------------
 # stage 1: large-model embeddings
 
 
 def compute_embeddings(encoder: SoftTokenEncoder, examples: list[Example], directory: Path, shard_size: int) -> None:
+    """Embed every example not yet in `directory`; shards are keyed by example ids (their metadata),
+    so a rerun with another sample or more data computes only what is new."""
     directory.mkdir(parents=True, exist_ok=True)
-    shards = range(0, len(examples), shard_size)
-    with tqdm(total=len(examples), desc="large-model embeddings", unit="ex") as bar:
-        for number, start in enumerate(shards):
-            path = directory / f"{number:05d}.safetensors"
-            chunk = examples[start : start + shard_size]
-            if path.is_file():
-                bar.update(len(chunk))
-                continue
+    done = set(_shard_ids(directory))
+    todo = [ex for ex in examples if ex.id not in done]
+    number = len(list(directory.glob("*.safetensors")))
+    with tqdm(total=len(examples), initial=len(examples) - len(todo), desc="large-model embeddings", unit="ex") as bar:
+        for start in range(0, len(todo), shard_size):
+            chunk = todo[start : start + shard_size]
             soft, functions = [], []
             for ex in chunk:
                 encoding = encoder.encode(ex.query, ex.tools)
@@ -100,23 +89,36 @@ def compute_embeddings(encoder: SoftTokenEncoder, examples: list[Example], direc
                 "functions": torch.cat(functions),
                 "counts": torch.tensor([len(f) for f in functions]),
             }
+            path = directory / f"{number:05d}.safetensors"
             tmp = path.with_suffix(".tmp")
             save_file(tensors, str(tmp), metadata={"ids": json.dumps([ex.id for ex in chunk])})
-            tmp.replace(path)
+            tmp.replace(path)  # a shard is there whole or not at all
+            number += 1
 
 
-def load_embeddings(directory: Path) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """id -> (soft token (H,), function embeddings (n_tools, H))."""
+def _shard_ids(directory: Path) -> dict[str, Path]:
     from safetensors import safe_open
 
     out = {}
     for path in sorted(directory.glob("*.safetensors")):
         with safe_open(str(path), "pt") as f:
-            ids = json.loads(f.metadata()["ids"])
+            out.update(dict.fromkeys(json.loads(f.metadata()["ids"]), path))
+    return out
+
+
+def load_embeddings(directory: Path, ids: set[str] | None = None) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """id -> (soft token (H,), function embeddings (n_tools, H)), for `ids` (default: all)."""
+    out = {}
+    for path in sorted(set(p for i, p in _shard_ids(directory).items() if ids is None or i in ids)):
+        from safetensors import safe_open
+
+        with safe_open(str(path), "pt") as f:
+            shard_ids = json.loads(f.metadata()["ids"])
         tensors = load_file(str(path))
         functions = torch.split(tensors["functions"], tensors["counts"].tolist())
-        for row, ex_id in enumerate(ids):
-            out[ex_id] = (tensors["soft_tokens"][row], functions[row])
+        for row, ex_id in enumerate(shard_ids):
+            if ids is None or ex_id in ids:
+                out[ex_id] = (tensors["soft_tokens"][row], functions[row])
     return out
 
 
@@ -158,9 +160,21 @@ def prepare_retriever(
 # stage 3: small model (projector + LoRA) on soft-token-prefixed prompts
 
 
-def sft_items(examples, embeddings, retriever: Retriever, small: Backend, decoder: TemplateDecoder):
-    """(prompt, soft token, target ids, loss mask) per example. The prompt shows what the retriever
-    selects plus any gold tool it missed, so training sees realistic distractors and a full answer."""
+@dataclass
+class SFTItem:
+    prompt: SmallPrompt
+    soft_token: torch.Tensor
+    target_ids: list[int]
+    loss_mask: list[bool]
+    pattern: str  # call_pattern of the example, for balanced sampling
+
+
+def sft_items(
+    examples: list[Example], embeddings, retriever: Retriever, small: Backend, decoder: TemplateDecoder
+) -> tuple[list[SFTItem], int]:
+    """One item per example whose gold calls the templates can express. The prompt shows what the
+    retriever selects plus any gold tool it missed, so training sees realistic distractors and a
+    full answer."""
     items, skipped = [], 0
     for ex in examples:
         soft, function_embeddings = embeddings[ex.id]
@@ -172,12 +186,12 @@ def sft_items(examples, embeddings, retriever: Retriever, small: Backend, decode
         except TemplateError:
             skipped += 1  # gold calls the schema cannot express (e.g. a value of the wrong type)
             continue
-        items.append((build_small_prompt(small, ex.query, tools), soft, ids, mask))
+        items.append(SFTItem(build_small_prompt(small, ex.query, tools), soft, ids, mask, call_pattern(ex)))
     return items, skipped
 
 
 def train_small(
-    directory: Path, small: Backend, large_hidden: int, items: list, config: PrepareConfig
+    directory: Path, small: Backend, large_hidden: int, items: list[SFTItem], config: PrepareConfig
 ) -> tuple[SoftTokenProjector, dict]:
     """Projector + LoRA adapter, trained together; a checkpoint per epoch lets a run resume."""
     from peft import LoraConfig, PeftModel, get_peft_model
@@ -208,9 +222,10 @@ def train_small(
         random.Random(config.seed + epoch).shuffle(order)
         running = []
         for step, index in enumerate(tqdm(order, desc=f"small-model SFT epoch {epoch + 1}", unit="ex")):
-            prompt, soft, ids, mask = items[index]
+            item = items[index]
             with autocast:
-                loss = soft_prefix_loss(small, projector, prompt, soft, ids, mask) / config.sft_grad_accum
+                loss = soft_prefix_loss(small, projector, item.prompt, item.soft_token, item.target_ids, item.loss_mask)
+            loss = loss / config.sft_grad_accum
             loss.backward()
             running.append(loss.item() * config.sft_grad_accum)
             if (step + 1) % config.sft_grad_accum == 0 or step + 1 == len(order):
@@ -248,17 +263,15 @@ def prepare(config: PrepareConfig, out: Path, large: Backend | None = None, smal
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     examples = load_examples(config.data)
-    if config.max_examples and config.max_examples < len(examples):
-        # A seeded sample, not the head: files are read in name order, so the head is one source.
-        keep = set(random.Random(config.seed).sample(range(len(examples)), config.max_examples))
-        examples = [ex for i, ex in enumerate(examples) if i in keep]
+    if config.max_examples:
+        examples = sample_by_pattern(examples, config.max_examples, config.seed)
     train, val = split_examples(examples, config.val_fraction)
-    train = augment_irrelevant(train, config.irrelevant_fraction, config.seed)
-    val = augment_irrelevant(val, config.irrelevant_fraction, config.seed + 1)
+    train = augment_refusals(train, config.refusal_fraction, config.seed)
+    val = augment_refusals(val, config.refusal_fraction, config.seed + 1)
 
     large = large or Backend(config.large_model)
     compute_embeddings(SoftTokenEncoder(large), train + val, out / "embeddings", config.shard_size)
-    embeddings = load_embeddings(out / "embeddings")
+    embeddings = load_embeddings(out / "embeddings", {ex.id for ex in train + val})
     timings = {"embeddings": time.perf_counter() - started}
 
     start = time.perf_counter()
@@ -268,12 +281,24 @@ def prepare(config: PrepareConfig, out: Path, large: Backend | None = None, smal
     )
     timings["retriever"] = time.perf_counter() - start
 
+    library_metrics = None
+    if config.library:
+        start = time.perf_counter()
+        # Request-only soft tokens are cheap: every example of the data that calls library tools
+        # (not only the sample) trains it; the split is the same hash split as above.
+        all_train, all_val = split_examples(load_examples(config.data), config.val_fraction)
+        _, library_metrics = train_library_retriever(
+            out / "library_retriever", SoftTokenEncoder(large), config.library, all_train, all_val,
+            dict(config.retriever), config.seed,
+        )
+        timings["library_retriever"] = time.perf_counter() - start
+
     start = time.perf_counter()
     # fp32 for the small model: it is trained here (LoRA + projector), and it is cheap anyway.
     small = small or Backend(config.small_model, dtype=torch.float32)
     items, skipped = sft_items(train, embeddings, retriever, small, TemplateDecoder(small))
-    if config.sft_max_items and config.sft_max_items < len(items):
-        items = random.Random(config.seed).sample(items, config.sft_max_items)
+    if config.sft_max_items:
+        items = sample_by_pattern(items, config.sft_max_items, config.seed, pattern=lambda item: item.pattern)
     _, sft_metrics = train_small(out, small, large.hidden_size, items, config)
     sft_metrics["skipped_examples"] = skipped
     timings["sft"] = time.perf_counter() - start
@@ -286,7 +311,7 @@ def prepare(config: PrepareConfig, out: Path, large: Backend | None = None, smal
         "models": {"large": model_record(large, config.large_model), "small": model_record(small, config.small_model)},
         "data": {"paths": config.data, "sha256": data_hash(config.data), "train": len(train), "validation": len(val)},
         "config": asdict(config),
-        "metrics": {"retriever": retriever_metrics, "sft": sft_metrics},
+        "metrics": {"retriever": retriever_metrics, "sft": sft_metrics, **({"library_retriever": library_metrics} if library_metrics else {})},
         "seconds": timings,
     }
     tmp = out / "manifest.json.tmp"

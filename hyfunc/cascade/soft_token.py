@@ -208,13 +208,12 @@ class SoftTokenEncoder:
         )
 
     # -- per-function mode: libraries too large for one prompt ------------------------------
-    def encode_request(self, request: Request, library: LibraryCache | None = None) -> torch.Tensor:
-        """Soft token alone. Without a library the prompt shows no tools (instruction + request)."""
-        if library is None:
-            if self._no_tools is None:
-                self._no_tools = self.build_library([])
-            library = self._no_tools
-        return self.encode(request, library).soft_token
+    def encode_request(self, request: Request) -> Encoding:
+        """The soft token of [instruction + request], no tools (function_embeddings is empty);
+        the instruction's KV cache is built on first use and reused."""
+        if self._no_tools is None:
+            self._no_tools = self.build_library([])
+        return self.encode(request, self._no_tools)
 
     def embed_functions(self, tools: ToolsLike, batch_size: int | None = None) -> torch.Tensor:
         """(n, H): each tool embedded in its own prompt [template + instruction + that tool].

@@ -1,0 +1,132 @@
+"""A tool library too large for one prompt (e.g. ../shared/data/tool-library, ~4,000 tools).
+
+Read in per-function mode: each tool embedded in its own [instruction + tool] prompt (causal
+attention makes that the embedding it would have as the first tool of a list), and each request
+by a soft token over [instruction + request] with no tools. Both differ from the joint-prompt
+embeddings the default retriever is trained on, so a library gets its own retriever
+(`train_library_retriever`), trained on fc-train requests whose gold tools are in the library.
+
+Library embeddings are computed once and cached in shards under
+``$HYFUNC_HOME/library-embeddings/<model>-<hash>/``, so an interrupted run resumes and later runs
+start at once; the retriever's projection of the whole library is then one matrix.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from safetensors.torch import load_file, save_file
+from tqdm.auto import tqdm
+
+from hyfunc.cascade.data import Example
+from hyfunc.cascade.retriever import RetrievalData, Retriever, RetrieverConfig, calibrate, evaluate, train_retriever
+from hyfunc.cascade.soft_token import SoftTokenEncoder, tool_line
+from hyfunc.formats.schema import Tool, parse_tools
+from hyfunc.models.registry import hyfunc_home
+
+
+def load_library(path: str | Path) -> list[Tool]:
+    """Tools from a JSON Lines file (one schema per line) or a directory of them."""
+    path = Path(path)
+    files = sorted(path.glob("*.jsonl")) if path.is_dir() else [path]
+    if not files or not all(f.is_file() for f in files):
+        raise ValueError(f"{path}: no .jsonl tool files")
+    raw = [json.loads(line) for f in files for line in f.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return parse_tools(raw)
+
+
+def in_library(examples: Sequence[Example], library: Sequence[Tool]) -> list[Example]:
+    """Examples that call tools, all of them in the library (by name)."""
+    names = {t.name for t in library}
+    return [ex for ex in examples if ex.answers and all(c.name in names for c in ex.answers)]
+
+
+def library_embeddings(encoder: SoftTokenEncoder, tools: list[Tool], shard_size: int = 256) -> torch.Tensor:
+    """(n_tools, H) per-function embeddings, cached in shards keyed by model, instruction and tools."""
+    digest = hashlib.sha256("\n".join([encoder.backend.name, encoder.instruction, *map(tool_line, tools)]).encode()).hexdigest()
+    directory = hyfunc_home() / "library-embeddings" / f"{encoder.backend.name.replace('/', '_')}-{digest[:16]}"
+    directory.mkdir(parents=True, exist_ok=True)
+    parts = []
+    with tqdm(total=len(tools), desc="library embeddings", unit="tool") as bar:
+        for number, start in enumerate(range(0, len(tools), shard_size)):
+            path = directory / f"{number:05d}.safetensors"
+            chunk = tools[start : start + shard_size]
+            if not path.is_file():
+                tmp = path.with_suffix(".tmp")
+                save_file({"functions": encoder.embed_functions(chunk)}, str(tmp))
+                tmp.replace(path)  # a shard is there whole or not at all
+            parts.append(load_file(str(path))["functions"])
+            bar.update(len(chunk))
+    return torch.cat(parts)
+
+
+def request_tokens(encoder: SoftTokenEncoder, examples: Sequence[Example], directory: Path, shard_size: int = 128) -> torch.Tensor:
+    """(n, H) request-only soft tokens, cached in id-keyed shards under `directory` (resumable)."""
+    from safetensors import safe_open
+
+    directory.mkdir(parents=True, exist_ok=True)
+    cached: dict[str, torch.Tensor] = {}
+    for path in sorted(directory.glob("*.safetensors")):
+        with safe_open(str(path), "pt") as f:
+            ids = json.loads(f.metadata()["ids"])
+        cached.update(zip(ids, load_file(str(path))["soft_tokens"]))
+    todo = [ex for ex in examples if ex.id not in cached]
+    number = len(list(directory.glob("*.safetensors")))
+    with tqdm(total=len(examples), initial=len(examples) - len(todo), desc="request soft tokens", unit="req") as bar:
+        for start in range(0, len(todo), shard_size):
+            chunk = todo[start : start + shard_size]
+            tokens = []
+            for ex in chunk:
+                tokens.append(encoder.encode_request(ex.query).soft_token)
+                bar.update(1)
+            path = directory / f"{number:05d}.safetensors"
+            tmp = path.with_suffix(".tmp")
+            save_file({"soft_tokens": torch.stack(tokens)}, str(tmp), metadata={"ids": json.dumps([ex.id for ex in chunk])})
+            tmp.replace(path)
+            cached.update(zip((ex.id for ex in chunk), tokens))
+            number += 1
+    return torch.stack([cached[ex.id] for ex in examples])
+
+
+def library_retrieval_data(queries: torch.Tensor, functions: torch.Tensor, examples: Sequence[Example], library: Sequence[Tool]) -> RetrievalData:
+    """Every example's candidates are the whole library; its positives the tools its answer calls."""
+    index = {t.name: i for i, t in enumerate(library)}
+    everything = list(range(len(library)))
+    positives = [sorted({index[c.name] for c in ex.answers}) for ex in examples]
+    return RetrievalData(queries, functions, [everything] * len(examples), positives)
+
+
+def train_library_retriever(
+    directory: Path, encoder: SoftTokenEncoder, library_path: str | Path, train: Sequence[Example], val: Sequence[Example],
+    options: dict, seed: int,
+) -> tuple[Retriever, dict]:
+    """Retriever for a library in per-function mode, saved under `directory` (skipped if there)."""
+    if (directory / "manifest.json").is_file():
+        retriever = Retriever.load(directory)
+        return retriever, retriever.meta.get("metrics", {})
+    library = load_library(library_path)
+    train, val = in_library(train, library), in_library(val, library)
+    if not train or not val:
+        raise ValueError(f"{library_path}: too few training examples call only its tools ({len(train)} train, {len(val)} validation)")
+    functions = library_embeddings(encoder, library)
+    requests = directory.parent / "library-requests"
+    train_data = library_retrieval_data(request_tokens(encoder, train, requests), functions, train, library)
+    val_data = library_retrieval_data(request_tokens(encoder, val, requests), functions, val, library)
+    training = {k: options[k] for k in ("epochs", "lr") if k in options}
+    hidden = functions.shape[1]
+    config = RetrieverConfig(query_dim=hidden, function_dim=hidden, **{k: v for k, v in options.items() if k not in training})
+    retriever = Retriever(config)
+    history = train_retriever(retriever, train_data, seed=seed, **training)
+    metrics = {
+        "loss_history": history,
+        "calibration": calibrate(retriever, val_data),
+        "validation": evaluate(retriever, val_data),
+        "train_examples": len(train),
+        "validation_examples": len(val),
+    }
+    digest = hashlib.sha256("\n".join(map(tool_line, library)).encode()).hexdigest()
+    retriever.save(directory, meta={"metrics": metrics, "library": {"path": str(library_path), "tools": len(library), "sha256": digest}})
+    return retriever, metrics
