@@ -171,7 +171,7 @@ def cmd_bench_library(args: argparse.Namespace) -> int:
 def cmd_bench_retriever(args: argparse.Namespace) -> int:
     from hyfunc.cascade.pipeline import DEFAULT_ARTIFACT, HyFuncMethod
     from hyfunc.cascade.library import load_library
-    from hyfunc.eval.retrieval import library_requests, run_retrieval_benchmark
+    from hyfunc.eval.retrieval import library_requests, run_retrieval_benchmark, write_retrieval_report
 
     library = load_library(args.library)
     requests = library_requests(args.data, library, args.limit)
@@ -182,10 +182,8 @@ def cmd_bench_retriever(args: argparse.Namespace) -> int:
     if cascade.library_retriever is not None:
         retrievers["library (per-function mode)"] = cascade.library_retriever
     result = run_retrieval_benchmark(cascade.encoder, retrievers, library, requests)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "retrieval.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
+    paths = write_retrieval_report(result, args.out)
+    print(paths["md"].read_text())
     return 0
 
 
@@ -272,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     ret.add_argument("--limit", type=int, default=None, help="at most N requests")
     ret.add_argument("--artifact", help="cascade directory (default: the shipped one)")
     ret.add_argument("--device", default=None)
-    ret.add_argument("--out", default="reports/retrieval", help="where retrieval.json goes")
+    ret.add_argument("--out", default="reports/retrieval", help="where retrieval.{json,md,png} go")
     ret.set_defaults(func=cmd_bench_retriever)
 
     prep = sub.add_parser("prepare", help="train a cascade (embeddings, retriever, small model); resumable")

@@ -149,7 +149,7 @@ def test_library_benchmark_on_held_out_examples(tmp_path):
 
 def test_library_retriever_benchmark_and_per_function_serving(data_file, tmp_path, monkeypatch):
     from hyfunc.cascade.library import load_library
-    from hyfunc.eval.retrieval import library_requests, run_retrieval_benchmark
+    from hyfunc.eval.retrieval import library_requests, run_retrieval_benchmark, write_retrieval_report
 
     monkeypatch.setenv("HYFUNC_HOME", str(tmp_path / "home"))
     library_file = tmp_path / "library.jsonl"
@@ -176,6 +176,8 @@ def test_library_retriever_benchmark_and_per_function_serving(data_file, tmp_pat
     assert result["library_tools"] == 3 and set(result["retrievers"]) == {"joint", "library"}
     for metrics in result["retrievers"].values():
         assert metrics["recall@3"] == 1.0 and 0 <= metrics["recall@1"] <= 1 and metrics["search_ms_median"] > 0
+    paths = write_retrieval_report(result, tmp_path / "report", ks=(1, 3))
+    assert "| library |" in paths["md"].read_text() and paths["png"].stat().st_size > 0
     shards = sorted((tmp_path / "home" / "library-embeddings").rglob("*.safetensors"))
     assert len(shards) == 1  # embedded once, by prepare; the benchmark reused it
     stamp = shards[0].stat().st_mtime_ns

@@ -7,6 +7,7 @@ product, top-k. Requests come from held-out fc-train examples whose gold tools a
 """
 from __future__ import annotations
 
+import json
 import statistics
 import sys
 import time
@@ -67,3 +68,46 @@ def run_retrieval_benchmark(
         },
         "command": list(sys.argv),
     }
+
+
+def write_retrieval_report(result: dict, out_dir: str | Path, ks=(1, 3, 5)) -> dict[str, Path]:
+    """retrieval.json, retrieval.md (a table per retriever) and retrieval.png (recall@k bars)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / "retrieval.json", "md": out / "retrieval.md", "png": out / "retrieval.png"}
+    paths["json"].write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    lines = [
+        f"# Retrieval over a library of {result['library_tools']} tools (per-function mode)", "",
+        f"Command: `{' '.join(result['command'])}`", "",
+        f"{result['requests']} held-out fc-train requests whose gold tools are all in the library. "
+        f"Soft token of [instruction + request]: median {result['soft_token_ms_median']:.0f} ms (large model); "
+        "search = project the soft token, one product with the projected library, top-k.", "",
+        "| retriever | " + " | ".join(f"recall@{k} %" for k in ks) + " | search ms (median) | search ms (p90) |",
+        "|---|" + "---:|" * (len(ks) + 2),
+    ]
+    for name, m in result["retrievers"].items():
+        recalls = " | ".join(f"{100 * m[f'recall@{k}']:.1f}" for k in ks)
+        lines.append(f"| {name} | {recalls} | {m['search_ms_median']:.2f} | {m['search_ms_p90']:.2f} |")
+    paths["md"].write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    names = list(result["retrievers"])
+    width = 0.8 / max(len(names), 1)
+    for j, name in enumerate(names):
+        values = [100 * result["retrievers"][name][f"recall@{k}"] for k in ks]
+        ax.bar([i + j * width for i in range(len(ks))], values, width, label=name)
+    ax.set_xticks([i + width * (len(names) - 1) / 2 for i in range(len(ks))], [f"recall@{k}" for k in ks])
+    ax.set_ylabel("% of gold tools retrieved")
+    ax.set_ylim(0, 100)
+    ax.set_title(f"{result['library_tools']}-tool library, {result['requests']} requests")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(paths["png"], dpi=120)
+    plt.close(fig)
+    return paths
