@@ -232,9 +232,13 @@ class SoftTokenEncoder:
         prefix = self.backend.prefill(self.backend.encode(before))
         past = prefix.get_seq_length()
         pad = self.backend.tokenizer.pad_token_id or 0
-        out = []
-        for b in range(0, len(tools), batch_size):
-            lines = [self.backend.encode(tool_line(t)) for t in tools[b : b + batch_size]]
+        encoded = [self.backend.encode(tool_line(t)) for t in tools]
+        # Batches of similar lengths: padding is compute thrown away (lengths vary ~10x in a library).
+        order = sorted(range(len(tools)), key=lambda i: len(encoded[i]))
+        out: dict[int, torch.Tensor] = {}
+        for b in range(0, len(order), batch_size):
+            batch = order[b : b + batch_size]
+            lines = [encoded[i] for i in batch]
             width = max(len(line) for line in lines)
             ids = torch.tensor([line + [pad] * (width - len(line)) for line in lines], device=device)
             cache = self.backend.fork(prefix)
@@ -245,5 +249,5 @@ class SoftTokenEncoder:
                 output_hidden_states=True, logits_to_keep=1,
             )
             hidden = result.hidden_states[-1].float()
-            out += [hidden[i, : len(line)].mean(0) for i, line in enumerate(lines)]
-        return torch.stack(out) if out else torch.empty(0, self.backend.hidden_size)
+            out.update((i, hidden[row, : len(line)].mean(0)) for row, (i, line) in enumerate(zip(batch, lines)))
+        return torch.stack([out[i] for i in range(len(tools))]) if out else torch.empty(0, self.backend.hidden_size)
