@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from hyfunc.cascade.data import Example
-from hyfunc.cascade.retriever import RetrievalData, Retriever, RetrieverConfig, calibrate, evaluate, train_retriever
+from hyfunc.cascade.retriever import RetrievalData, Retriever, calibrate, evaluate, new_retriever, train_retriever
 from hyfunc.cascade.soft_token import SoftTokenEncoder, tool_line
 from hyfunc.formats.schema import Tool, parse_tools
 from hyfunc.models.registry import hyfunc_home
@@ -115,10 +115,9 @@ def train_library_retriever(
     requests = directory.parent / "library-requests"
     train_data = library_retrieval_data(request_tokens(encoder, train, requests), functions, train, library)
     val_data = library_retrieval_data(request_tokens(encoder, val, requests), functions, val, library)
-    training = {k: options[k] for k in ("epochs", "lr") if k in options}
-    hidden = functions.shape[1]
-    config = RetrieverConfig(query_dim=hidden, function_dim=hidden, **{k: v for k, v in options.items() if k not in training})
-    retriever = Retriever(config)
+    # Every example's candidates are the whole library, so each step projects all of it: larger
+    # batches (fewer steps) keep an epoch cheap.
+    retriever, training = new_retriever(functions.shape[1], {"batch_size": 128, **options})
     history = train_retriever(retriever, train_data, seed=seed, **training)
     metrics = {
         "loss_history": history,

@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 
 from hyfunc.cascade.data import Example, augment_refusals, call_pattern, load_examples, sample_by_pattern, split_examples
 from hyfunc.cascade.library import train_library_retriever
-from hyfunc.cascade.retriever import RetrievalData, Retriever, RetrieverConfig, calibrate, evaluate, train_retriever
+from hyfunc.cascade.retriever import RetrievalData, Retriever, calibrate, evaluate, new_retriever, train_retriever
 from hyfunc.cascade.small_model import SmallPrompt, SoftTokenProjector, build_small_prompt, save_projector, soft_prefix_loss
 from hyfunc.cascade.soft_token import SoftTokenEncoder
 from hyfunc.cascade.templating import TemplateDecoder, TemplateError, target_token_mask
@@ -146,9 +146,7 @@ def prepare_retriever(
     if (directory / "manifest.json").is_file():
         retriever = Retriever.load(directory)
         return retriever, retriever.meta.get("metrics", {})
-    training = {k: options[k] for k in ("epochs", "lr") if k in options}
-    config = RetrieverConfig(query_dim=hidden, function_dim=hidden, **{k: v for k, v in options.items() if k not in training})
-    retriever = Retriever(config)
+    retriever, training = new_retriever(hidden, options)
     history = train_retriever(retriever, train, seed=seed, **training)
     calibration = calibrate(retriever, val)
     metrics = {"loss_history": history, "calibration": calibration, "validation": evaluate(retriever, val)}

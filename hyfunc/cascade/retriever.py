@@ -190,13 +190,19 @@ def info_nce_loss(model: Retriever, data: RetrievalData, batch: Sequence[int]) -
     """Mean InfoNCE over the (example, gold function) pairs of `batch`; None if it has no pair."""
     columns = sorted({j for i in batch for j in data.candidates[i]})
     col_of = {j: c for c, j in enumerate(columns)}
-    keys = [data.keys[j] if data.keys is not None else j for j in columns]
+    key_id: dict = {}
+    col_keys = torch.tensor([key_id.setdefault(data.keys[j] if data.keys is not None else j, len(key_id)) for j in columns])
     rows, targets, masks = [], [], []
     for r, i in enumerate(batch):
-        gold_keys = {data.keys[j] if data.keys is not None else j for j in data.positives[i]}
+        if not data.positives[i]:
+            continue
+        gold_keys = torch.tensor([key_id[data.keys[j] if data.keys is not None else j] for j in data.positives[i]])
+        allowed = ~torch.isin(col_keys, gold_keys)  # vectorised: a library makes every row thousands of columns wide
         for p in data.positives[i]:
             # Allowed: the positive itself and every column that is not one of this example's gold tools.
-            masks.append([c == col_of[p] or k not in gold_keys for c, k in enumerate(keys)])
+            mask = allowed.clone()
+            mask[col_of[p]] = True
+            masks.append(mask)
             rows.append(r)
             targets.append(col_of[p])
     if not rows:
@@ -204,8 +210,19 @@ def info_nce_loss(model: Retriever, data: RetrievalData, batch: Sequence[int]) -
     zq = model.project_queries(data.queries[list(batch)])
     zf = model.project_functions(data.functions[columns])
     logits = (zq @ zf.T)[rows] / model.config.temperature
-    logits = logits.masked_fill(~torch.tensor(masks), float("-inf"))
+    logits = logits.masked_fill(~torch.stack(masks), float("-inf"))
     return F.cross_entropy(logits, torch.tensor(targets))
+
+
+TRAINING_OPTIONS = ("epochs", "batch_size", "lr", "weight_decay")
+
+
+def new_retriever(hidden: int, options: dict) -> tuple[Retriever, dict]:
+    """(untrained retriever, `train_retriever` keyword arguments) from one options dict that mixes
+    RetrieverConfig fields and training settings (TRAINING_OPTIONS)."""
+    training = {k: v for k, v in options.items() if k in TRAINING_OPTIONS}
+    config = RetrieverConfig(query_dim=hidden, function_dim=hidden, **{k: v for k, v in options.items() if k not in training})
+    return Retriever(config), training
 
 
 def train_retriever(
