@@ -292,3 +292,15 @@ def test_invalid_gold_is_rejected(backend):
         target_token_mask(backend, [Call("get weather.now", {"city": "x", "days": 1, "unit": "kelvin"})], TOOLS)
     with pytest.raises(TemplateError):
         target_token_mask(backend, [Call("get", {"extra": 1})], TOOLS)
+
+
+def test_required_call_overrides_a_model_that_prefers_no_call(backend):
+    close = ids_of(backend, "]")
+    assert close
+    w = Wrapped(backend, lambda l, pos: l.index_fill(0, torch.tensor(close), math.inf))  # ']' beats everything
+    dec = TemplateDecoder(w, max_calls=3, max_string_tokens=4, max_array_items=2)
+    assert dec.decode(w.start("What is the weather?"), TOOLS).calls == []
+    out = dec.decode(w.start("What is the weather?"), TOOLS, require_call=True)
+    check_output(backend, out, TOOLS)
+    assert len(out.calls) == 1  # and then ']' ends the list
+    assert dec.decode(w.start("x"), [], require_call=True).text == "[]"  # nothing offered: nothing to call

@@ -201,7 +201,9 @@ class HyFuncMethod:
             step = self.small.forward(embeds=embeds)
             timings["small_prefill"] = time.perf_counter() - start
             start = time.perf_counter()
-            out = self.decoder.decode(step, selected)
+            # "No tool fits" is the retriever's decision: once it has selected tools, the small
+            # model writes at least one call (left to choose, it refused far too often).
+            out = self.decoder.decode(step, selected, require_call=self.options.retriever)
             timings["small_decode"] = time.perf_counter() - start
             answer.calls, answer.raw_text = out.calls, out.text
             answer.output_tokens, answer.injected_tokens = out.generated_tokens, out.injected_tokens

@@ -13,8 +13,8 @@ another example is not a negative either.
 Selection rule, applied to cosine scores against the offered functions:
 - best score < refusal_threshold        -> []  ("no tool fits")
 - otherwise the functions with score >= threshold, best first, at most top_k; at least the best one.
-Both thresholds are chosen on a validation split to maximise exact-set accuracy, where an example
-without a gold call counts as correct only when the selection is empty.
+Both thresholds are chosen on a validation split (see `calibrate`): the refusal threshold for the
+balanced accuracy of refusing, the keep threshold for exact-set accuracy of the calls.
 """
 from __future__ import annotations
 
@@ -270,12 +270,21 @@ def example_scores(model: Retriever, data: RetrievalData) -> list[torch.Tensor]:
     return [zf[cand] @ zq[i] for i, cand in enumerate(data.candidates)]
 
 
-def calibrate(model: Retriever, val: RetrievalData, grid_size: int = 201) -> dict[str, float]:
-    """Set threshold and refusal_threshold to maximise exact-set accuracy on `val`; returns the result.
+def _plateau_middle(values: np.ndarray) -> int:
+    # Ties form plateaus; the middle of one is further from the scores that bound it than its edge.
+    best = np.nonzero(values == values.max())[0]
+    return int(best[len(best) // 2])
 
-    Accuracy(t, r) = #[no gold and best < r] + #[gold, best >= r, the top-|gold| are the gold set,
-    and the rule keeps exactly |gold|]; the second term is a matrix product over a grid of
-    candidate values, so the whole grid costs one (R x N) @ (N x T) product.
+
+def calibrate(model: Retriever, val: RetrievalData, grid_size: int = 201) -> dict[str, float]:
+    """Set refusal_threshold and threshold from `val`, as two separate decisions; returns the result.
+
+    - refusal_threshold r: the balanced accuracy of "refuse or not", i.e. the mean of the share of
+      no-call examples refused and the share of call examples answered. (Maximising exact-set
+      accuracy instead rewards refusing any call example whose selection would not be exact,
+      although the small model would still answer many of them right: it over-refused.)
+    - threshold t: exact-set accuracy over the call examples (the top-|gold| are the gold tools and
+      the rule keeps exactly |gold|).
     """
     scores = example_scores(model, val)
     k = model.config.top_k
@@ -298,23 +307,27 @@ def calibrate(model: Retriever, val: RetrievalData, grid_size: int = 201) -> dic
         gold_n[i] = len(gold)
         top_ok[i] = set(order[: len(gold)].tolist()) == gold
         counts[i] = (s[None, :] >= grid[:, None]).sum(1)
+    offered = best > -np.inf  # an example without candidates has nothing to decide
+    calls, no_calls = offered & (gold_n > 0), offered & (gold_n == 0)
+    answered = best[None, :] >= grid[:, None]  # (R, N): not refused at r
+    parts = []
+    if no_calls.any():
+        parts.append((~answered & no_calls).sum(1) / no_calls.sum())
+    if calls.any():
+        parts.append((answered & calls).sum(1) / calls.sum())
+    r_idx = _plateau_middle(np.mean(parts, axis=0)) if parts else 0
     kept = np.clip(counts, 1, k)  # (N, T): how many the rule keeps at threshold t (if not refused)
-    calls = (gold_n > 0) & top_ok
-    right_size = (kept == gold_n[:, None]) & calls[:, None]  # (N, T)
-    above = (best[None, :] >= grid[:, None]).astype(np.int64)  # (R, N): not refused at r
-    refusals = ((gold_n == 0)[None, :] & (best[None, :] < grid[:, None])).sum(1)  # (R,)
-    acc = refusals[:, None] + above @ right_size.astype(np.int64)  # (R, T)
-    # Ties form plateaus; the middle of one is further from the scores that bound it than its edge.
-    rows = np.unique(np.nonzero(acc == acc.max())[0])
-    r_idx = rows[len(rows) // 2]
-    cols = np.nonzero(acc[r_idx] == acc.max())[0]
-    t_idx = cols[len(cols) // 2]
+    right_size = (kept == gold_n[:, None]) & (calls & top_ok)[:, None]  # (N, T)
+    t_idx = _plateau_middle(right_size.sum(0))
     model.config.refusal_threshold = float(grid[r_idx])
     model.config.threshold = float(grid[t_idx])
+    refused_right = int((~answered[r_idx] & no_calls).sum())
+    exact = refused_right + int((answered[r_idx] & right_size[:, t_idx]).sum()) + int((~offered).sum())
     return {
         "threshold": model.config.threshold,
         "refusal_threshold": model.config.refusal_threshold,
-        "exact_set_accuracy": float(acc[r_idx, t_idx]) / max(n, 1),
+        "refusal_balanced_accuracy": float(np.mean([p[r_idx] for p in parts])) if parts else float("nan"),
+        "exact_set_accuracy": exact / max(n, 1),
     }
 
 

@@ -11,7 +11,7 @@ then the chosen optional keys, also in schema order. `render_target` renders gol
 The skeleton comes from the candidate tools' *schemas* only. The model (greedy, its logits
 restricted to what is allowed at that point) chooses:
 
-- whether to call anything (``[]`` is always an option), which offered tool (a trie over the
+- whether to call anything (``[]`` is an option unless the caller requires a call), which offered tool (a trie over the
   JSON-encoded names), how many calls (after each call ``, `` for another or ``]``; capped);
 - which optional parameters to fill (after the required keys are injected, a choice among the
   remaining optional keys, in schema order, or ``}``);
@@ -443,9 +443,10 @@ class _Session:
 class _Walker:
     """Walks the template; `gold` arguments are only used (and required) in teacher mode."""
 
-    def __init__(self, dec: TemplateDecoder, s: _Session):
+    def __init__(self, dec: TemplateDecoder, s: _Session, require_call: bool = False):
         self.dec = dec
         self.s = s
+        self.require_call = require_call
         self.v = s.vocab
         self.teacher = s.teacher
 
@@ -462,9 +463,10 @@ class _Walker:
             s.inject("]")
             return
         names = [_dumps(t.name)[1:] for t in tools]  # name content + closing quote
-        more = ['{"name": "', "]"]
         n = 0
-        if s.choose(more, (0 if gold else 1) if self.teacher else None) == 1:
+        if self.require_call and not self.teacher:
+            s.inject('{"name": "')
+        elif s.choose(['{"name": "', "]"], (0 if gold else 1) if self.teacher else None) == 1:
             return
         while True:
             g = gold[n] if self.teacher else None
@@ -763,11 +765,13 @@ class TemplateDecoder:
             self._vocab = _vocab_for(self.backend.tokenizer, size)
         return self._vocab
 
-    def decode(self, step: StepOutput, tools: Sequence[Tool]) -> TemplatedOutput:
+    def decode(self, step: StepOutput, tools: Sequence[Tool], require_call: bool = False) -> TemplatedOutput:
+        """`require_call`: at least one call when `tools` is not empty (the caller has already
+        decided that a tool fits, e.g. the retriever); otherwise ``[]`` is the model's choice."""
         start = time.perf_counter()
         vocab = self.vocab(int(step.logits.shape[-1]))
         session = _Session(self, vocab, step, teacher=False)
-        _Walker(self, session).calls(list(tools), None)
+        _Walker(self, session, require_call).calls(list(tools), None)
         session.finish()
         text = session.text
         data = json.loads(text)
