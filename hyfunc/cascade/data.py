@@ -1,4 +1,5 @@
-"""fc-train examples (`query`, `tools` as JSON Schema, `answers`; [] = no call) and a stable split."""
+"""fc-train examples (`query`, `tools` as JSON Schema, `answers`; [] = no call), a stable split, a sample
+balanced by call pattern and refusal examples made from the data itself."""
 from __future__ import annotations
 
 import hashlib
