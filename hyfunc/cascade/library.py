@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 
 from hyfunc.cascade.data import Example
 from hyfunc.cascade.retriever import RetrievalData, Retriever, calibrate, evaluate, new_retriever, train_retriever
+from hyfunc.cascade.shards import fill_shards, read_shards
 from hyfunc.cascade.soft_token import SoftTokenEncoder, tool_line
 from hyfunc.formats.schema import Tool, parse_tools
 from hyfunc.models.registry import hyfunc_home
@@ -65,29 +66,17 @@ def library_embeddings(encoder: SoftTokenEncoder, tools: list[Tool], shard_size:
 
 def request_tokens(encoder: SoftTokenEncoder, examples: Sequence[Example], directory: Path, shard_size: int = 128) -> torch.Tensor:
     """(n, H) request-only soft tokens, cached in id-keyed shards under `directory` (resumable)."""
-    from safetensors import safe_open
+    by_id = {ex.id: ex for ex in examples}
 
-    directory.mkdir(parents=True, exist_ok=True)
-    cached: dict[str, torch.Tensor] = {}
-    for path in sorted(directory.glob("*.safetensors")):
-        with safe_open(str(path), "pt") as f:
-            ids = json.loads(f.metadata()["ids"])
-        cached.update(zip(ids, load_file(str(path))["soft_tokens"]))
-    todo = [ex for ex in examples if ex.id not in cached]
-    number = len(list(directory.glob("*.safetensors")))
-    with tqdm(total=len(examples), initial=len(examples) - len(todo), desc="request soft tokens", unit="req") as bar:
-        for start in range(0, len(todo), shard_size):
-            chunk = todo[start : start + shard_size]
-            tokens = []
-            for ex in chunk:
-                tokens.append(encoder.encode_request(ex.query).soft_token)
-                bar.update(1)
-            path = directory / f"{number:05d}.safetensors"
-            tmp = path.with_suffix(".tmp")
-            save_file({"soft_tokens": torch.stack(tokens)}, str(tmp), metadata={"ids": json.dumps([ex.id for ex in chunk])})
-            tmp.replace(path)
-            cached.update(zip((ex.id for ex in chunk), tokens))
-            number += 1
+    def compute(ids: list[str], tick) -> dict[str, torch.Tensor]:
+        tokens = []
+        for ex_id in ids:
+            tokens.append(encoder.encode_request(by_id[ex_id].query).soft_token)
+            tick()
+        return {"soft_tokens": torch.stack(tokens)}
+
+    fill_shards(directory, list(by_id), compute, shard_size, "request soft tokens")
+    cached = {i: row for held, tensors in read_shards(directory, set(by_id)) for i, row in zip(held, tensors["soft_tokens"])}
     return torch.stack([cached[ex.id] for ex in examples])
 
 

@@ -25,12 +25,13 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from tqdm.auto import tqdm
 
 from hyfunc.cascade.data import Example, augment_refusals, call_pattern, load_examples, sample_by_pattern, split_examples
 from hyfunc.cascade.library import train_library_retriever
 from hyfunc.cascade.retriever import RetrievalData, Retriever, calibrate, evaluate, new_retriever, train_retriever
+from hyfunc.cascade.shards import fill_shards, read_shards
 from hyfunc.cascade.small_model import SmallPrompt, SoftTokenProjector, build_small_prompt, save_projector, soft_prefix_loss
 from hyfunc.cascade.soft_token import SoftTokenEncoder
 from hyfunc.cascade.templating import TemplateDecoder, TemplateError, target_token_mask
@@ -69,54 +70,28 @@ def data_hash(paths: Sequence[str]) -> str:
 
 
 def compute_embeddings(encoder: SoftTokenEncoder, examples: list[Example], directory: Path, shard_size: int) -> None:
-    """Embed every example not yet in `directory`; shards are keyed by example ids (their metadata),
-    so a rerun with another sample or more data computes only what is new."""
-    directory.mkdir(parents=True, exist_ok=True)
-    done = set(_shard_ids(directory))
-    todo = [ex for ex in examples if ex.id not in done]
-    number = len(list(directory.glob("*.safetensors")))
-    with tqdm(total=len(examples), initial=len(examples) - len(todo), desc="large-model embeddings", unit="ex") as bar:
-        for start in range(0, len(todo), shard_size):
-            chunk = todo[start : start + shard_size]
-            soft, functions = [], []
-            for ex in chunk:
-                encoding = encoder.encode(ex.query, ex.tools)
-                soft.append(encoding.soft_token)
-                functions.append(encoding.function_embeddings)
-                bar.update(1)
-            tensors = {
-                "soft_tokens": torch.stack(soft),
-                "functions": torch.cat(functions),
-                "counts": torch.tensor([len(f) for f in functions]),
-            }
-            path = directory / f"{number:05d}.safetensors"
-            tmp = path.with_suffix(".tmp")
-            save_file(tensors, str(tmp), metadata={"ids": json.dumps([ex.id for ex in chunk])})
-            tmp.replace(path)  # a shard is there whole or not at all
-            number += 1
+    """Embed every example not yet cached in `directory` (id-keyed shards, see shards.py)."""
+    by_id = {ex.id: ex for ex in examples}
 
+    def compute(ids: list[str], tick) -> dict[str, torch.Tensor]:
+        soft, functions = [], []
+        for ex_id in ids:
+            encoding = encoder.encode(by_id[ex_id].query, by_id[ex_id].tools)
+            soft.append(encoding.soft_token)
+            functions.append(encoding.function_embeddings)
+            tick()
+        return {"soft_tokens": torch.stack(soft), "functions": torch.cat(functions),
+                "counts": torch.tensor([len(f) for f in functions])}
 
-def _shard_ids(directory: Path) -> dict[str, Path]:
-    from safetensors import safe_open
-
-    out = {}
-    for path in sorted(directory.glob("*.safetensors")):
-        with safe_open(str(path), "pt") as f:
-            out.update(dict.fromkeys(json.loads(f.metadata()["ids"]), path))
-    return out
+    fill_shards(directory, list(by_id), compute, shard_size, "large-model embeddings")
 
 
 def load_embeddings(directory: Path, ids: set[str] | None = None) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """id -> (soft token (H,), function embeddings (n_tools, H)), for `ids` (default: all)."""
     out = {}
-    for path in sorted(set(p for i, p in _shard_ids(directory).items() if ids is None or i in ids)):
-        from safetensors import safe_open
-
-        with safe_open(str(path), "pt") as f:
-            shard_ids = json.loads(f.metadata()["ids"])
-        tensors = load_file(str(path))
+    for held, tensors in read_shards(directory, ids):
         functions = torch.split(tensors["functions"], tensors["counts"].tolist())
-        for row, ex_id in enumerate(shard_ids):
+        for row, ex_id in enumerate(held):
             if ids is None or ex_id in ids:
                 out[ex_id] = (tensors["soft_tokens"][row], functions[row])
     return out
