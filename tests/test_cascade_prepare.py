@@ -58,8 +58,9 @@ def test_prepare_writes_every_artifact_resumes_and_serves(data_file, tmp_path):
     shards = sorted((out / "embeddings").glob("*.safetensors"))
     stamps = [p.stat().st_mtime_ns for p in shards]
     retriever_stamp = (out / "retriever" / "retriever.safetensors").stat().st_mtime_ns
-    prepare(config, out, large=large, small=tiny_backend(hidden_size=32, seed=2))
+    resumed = prepare(config, out, large=large, small=tiny_backend(hidden_size=32, seed=2))
     assert [p.stat().st_mtime_ns for p in shards] == stamps
+    assert manifest["earlier_runs"] == [] and resumed["earlier_runs"] == [{"seconds": manifest["seconds"]}]
     assert (out / "retriever" / "retriever.safetensors").stat().st_mtime_ns == retriever_stamp
 
     # the online cascade answers with schema-valid calls to offered tools only
@@ -171,9 +172,12 @@ def test_library_retriever_benchmark_and_per_function_serving(data_file, tmp_pat
     per_function = Retriever.load(tmp_path / "artifact" / "library_retriever")
     assert per_function.meta["library"]["tools"] == 3
 
+    assert "lexical_fit" in lib_metrics
+    per_function.config.lexical_weight = 1.0  # whatever the toy holdout chose: a fused score
     retrievers = {"joint": joint, "library": per_function}
     result = run_retrieval_benchmark(SoftTokenEncoder(large), retrievers, library, requests, ks=(1, 3))
-    assert result["library_tools"] == 3 and set(result["retrievers"]) == {"joint", "library"}
+    # a fused retriever's parts are reported too: the cosine alone and the lexical scores alone
+    assert set(result["retrievers"]) == {"joint", "library", "library, cosine only", "lexical only (BM25 per sentence)"}
     for metrics in result["retrievers"].values():
         assert metrics["recall@3"] == 1.0 and 0 <= metrics["recall@1"] <= 1 and metrics["search_ms_median"] > 0
     paths = write_retrieval_report(result, tmp_path / "report", ks=(1, 3))

@@ -4,7 +4,8 @@ Read in per-function mode: each tool embedded in its own [instruction + tool] pr
 attention makes that the embedding it would have as the first tool of a list), and each request
 by a soft token over [instruction + request] with no tools. Both differ from the joint-prompt
 embeddings the default retriever is trained on, so a library gets its own retriever
-(`train_library_retriever`), trained on fc-train requests whose gold tools are in the library.
+(`train_library_retriever`), trained on fc-train requests whose gold tools are in the library,
+whose score adds a lexical (BM25) part (lexical.py).
 
 Library embeddings are computed once and cached in shards under
 ``$HYFUNC_HOME/library-embeddings/<model>-<hash>/``, so an interrupted run resumes and later runs
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 from pathlib import Path
 from typing import Sequence
 
@@ -22,6 +24,7 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from hyfunc.cascade.data import Example
+from hyfunc.cascade.lexical import LexicalIndex, fit_lexical_weight
 from hyfunc.cascade.retriever import RetrievalData, Retriever, calibrate, evaluate, new_retriever, train_retriever
 from hyfunc.cascade.shards import fill_shards, read_shards
 from hyfunc.cascade.soft_token import SoftTokenEncoder, tool_line
@@ -80,39 +83,60 @@ def request_tokens(encoder: SoftTokenEncoder, examples: Sequence[Example], direc
     return torch.stack([cached[ex.id] for ex in examples])
 
 
-def library_retrieval_data(queries: torch.Tensor, functions: torch.Tensor, examples: Sequence[Example], library: Sequence[Tool]) -> RetrievalData:
-    """Every example's candidates are the whole library; its positives the tools its answer calls."""
+def library_retrieval_data(
+    queries: torch.Tensor, functions: torch.Tensor, examples: Sequence[Example], library: Sequence[Tool],
+    lexical: LexicalIndex | None = None,
+) -> RetrievalData:
+    """Every example's candidates are the whole library; its positives the tools its answer calls;
+    with `lexical`, each request's lexical scores of the library."""
     index = {t.name: i for i, t in enumerate(library)}
     everything = list(range(len(library)))
     positives = [sorted({index[c.name] for c in ex.answers}) for ex in examples]
-    return RetrievalData(queries, functions, [everything] * len(examples), positives)
+    scores = list(lexical.batch_scores([ex.query for ex in examples])) if lexical is not None else None
+    return RetrievalData(queries, functions, [everything] * len(examples), positives, lexical=scores)
+
+
+#: Share of the training requests held out of the projections' training to fit the lexical weight.
+FUSION_HOLDOUT = 0.15
 
 
 def train_library_retriever(
     directory: Path, encoder: SoftTokenEncoder, library_path: str | Path, train: Sequence[Example], val: Sequence[Example],
     options: dict, seed: int,
 ) -> tuple[Retriever, dict]:
-    """Retriever for a library in per-function mode, saved under `directory` (skipped if there)."""
+    """Retriever for a library in per-function mode, saved under `directory` (skipped if there):
+    projections trained on most of `train`, the lexical weight fitted on the rest (FUSION_HOLDOUT),
+    thresholds calibrated on `val`."""
     if (directory / "manifest.json").is_file():
         retriever = Retriever.load(directory)
         return retriever, retriever.meta.get("metrics", {})
     library = load_library(library_path)
     train, val = in_library(train, library), in_library(val, library)
-    if not train or not val:
+    order = list(range(len(train)))
+    random.Random(seed).shuffle(order)
+    cut = len(order) - max(1, int(FUSION_HOLDOUT * len(order)))
+    fit, holdout = [train[i] for i in order[:cut]], [train[i] for i in order[cut:]]
+    if not fit or not val:
         raise ValueError(f"{library_path}: too few training examples call only its tools ({len(train)} train, {len(val)} validation)")
     functions = library_embeddings(encoder, library)
+    lexical = LexicalIndex(library)
     requests = directory.parent / "library-requests"
-    train_data = library_retrieval_data(request_tokens(encoder, train, requests), functions, train, library)
-    val_data = library_retrieval_data(request_tokens(encoder, val, requests), functions, val, library)
+
+    def data(examples: Sequence[Example]) -> RetrievalData:
+        return library_retrieval_data(request_tokens(encoder, examples, requests), functions, examples, library, lexical)
+
     # Every example's candidates are the whole library, so each step projects all of it: larger
     # batches (fewer steps) keep an epoch cheap.
     retriever, training = new_retriever(functions.shape[1], {"batch_size": 128, **options})
-    history = train_retriever(retriever, train_data, seed=seed, **training)
+    history = train_retriever(retriever, data(fit), seed=seed, **training)
+    val_data = data(val)
     metrics = {
         "loss_history": history,
+        "lexical_fit": fit_lexical_weight(retriever, data(holdout)),
         "calibration": calibrate(retriever, val_data),
         "validation": evaluate(retriever, val_data),
-        "train_examples": len(train),
+        "train_examples": len(fit),
+        "holdout_examples": len(holdout),
         "validation_examples": len(val),
     }
     digest = hashlib.sha256("\n".join(map(tool_line, library)).encode()).hexdigest()

@@ -25,6 +25,7 @@ from typing import Sequence
 
 import torch
 
+from hyfunc.cascade.lexical import LexicalIndex
 from hyfunc.cascade.library import library_embeddings
 from hyfunc.cascade.retriever import Retriever
 from hyfunc.cascade.small_model import SoftTokenProjector, build_small_prompt, load_projector, prompt_embeds
@@ -48,6 +49,15 @@ class CascadeOptions:
     soft_token: bool = True  # insert the projected soft token into the small model's prompt
     retriever: bool = True  # False: the small model sees every offered tool
     templating: bool = True  # False: free greedy decoding of the call text, then parsed
+
+
+@dataclass
+class PerFunctionLibrary:
+    """A library too large for one prompt, as `use_library` holds it."""
+
+    tools: list[Tool]
+    embeddings: torch.Tensor  # (n_tools, H) per-function embeddings
+    lexical: LexicalIndex
 
 
 class SharedLargePass:
@@ -101,7 +111,7 @@ class HyFuncMethod:
         self.name = name
         self.shared_pass = shared_pass
         self._library: LibraryCache | None = None
-        self._per_function: tuple[list[Tool], torch.Tensor] | None = None  # a large library's tools, embeddings
+        self._per_function: PerFunctionLibrary | None = None
 
     def variant(self, options: CascadeOptions, name: str) -> HyFuncMethod:
         """The same trained parts under other options (an ablation); both then share each
@@ -139,7 +149,8 @@ class HyFuncMethod:
         [instruction + tools] is computed once and each request runs only its own tokens. A larger
         library never fits a prompt: its tools are embedded one by one (cached on disk), each
         request gets a soft token over [instruction + request], and the artifact's library
-        retriever (`hyfunc prepare --library`) picks the tools the small model sees."""
+        retriever (`hyfunc prepare --library`), with the request's lexical scores, picks the tools
+        the small model sees."""
         tools = list(tools)
         self._library, self._per_function = None, None
         if len(tools) <= self.MAX_PROMPT_TOOLS:
@@ -150,14 +161,14 @@ class HyFuncMethod:
                 f"a library of {len(tools)} tools is read per function and needs a library retriever: "
                 "prepare the cascade with `hyfunc prepare --library <tools.jsonl>`"
             )
-        self._per_function = (tools, library_embeddings(self.encoder, tools))
+        self._per_function = PerFunctionLibrary(tools, library_embeddings(self.encoder, tools), LexicalIndex(tools))
 
     def _encode(self, messages: Sequence[dict], tools: Sequence[Tool]) -> tuple[Encoding, bool, Retriever]:
         """The large model's pass for this request: (encoding, reused from a shared pass?, the
         retriever that matches how it was encoded)."""
-        if self._per_function is not None and self._per_function[0] == list(tools):
+        if self._per_function is not None and self._per_function.tools == list(tools):
             encoding = self.encoder.encode_request(messages)
-            encoding.function_embeddings = self._per_function[1]
+            encoding.function_embeddings = self._per_function.embeddings
             return encoding, False, self.library_retriever
         library = self._library if self._library is not None and self._library.tools == list(tools) else None
         source = library if library is not None else tools
@@ -172,8 +183,11 @@ class HyFuncMethod:
         timings["large_prefill"] = encoding.seconds
 
         start = time.perf_counter()
+        lexical = None
+        if retriever is self.library_retriever and self._per_function is not None:
+            lexical = self._per_function.lexical.scores(_request_text(messages))
         with torch.no_grad():
-            scores = retriever.scores(encoding.soft_token, encoding.function_embeddings) if len(tools) else torch.empty(0)
+            scores = retriever.scores(encoding.soft_token, encoding.function_embeddings, lexical) if len(tools) else torch.empty(0)
         chosen = retriever.select_from_scores(scores) if len(tools) else []
         selected = [tools[i] for i in chosen] if self.options.retriever else list(tools)
         timings["retrieve"] = time.perf_counter() - start

@@ -231,6 +231,13 @@ def model_record(backend: Backend, name: str) -> dict:
     return record
 
 
+def _earlier_runs(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    previous = json.loads(path.read_text())
+    return previous.get("earlier_runs", []) + [{"seconds": previous.get("seconds", {})}]
+
+
 def prepare(config: PrepareConfig, out: Path, large: Backend | None = None, small: Backend | None = None) -> dict:
     """Run (or resume) every stage; returns the manifest. Backends may be passed in (tests)."""
     out.mkdir(parents=True, exist_ok=True)
@@ -286,6 +293,8 @@ def prepare(config: PrepareConfig, out: Path, large: Backend | None = None, smal
         "config": asdict(config),
         "metrics": {"retriever": retriever_metrics, "sft": sft_metrics, **({"library_retriever": library_metrics} if library_metrics else {})},
         "seconds": timings,
+        # A resumed run skips finished stages, so its own times understate them: keep earlier runs' times.
+        "earlier_runs": _earlier_runs(out / "manifest.json"),
     }
     tmp = out / "manifest.json.tmp"
     tmp.write_text(json.dumps(manifest, indent=2))

@@ -10,7 +10,8 @@ are left out of the denominator (they are not negatives), and so is any column w
 identity, e.g. its JSON text) equals one of the example's gold tools: the same tool shown in
 another example is not a negative either.
 
-Selection rule, applied to cosine scores against the offered functions:
+Selection rule, applied to the scores of the offered functions (cosine similarity; for a large
+library plus a weighted lexical score, see lexical.py):
 - best score < refusal_threshold        -> []  ("no tool fits")
 - otherwise the functions with score >= threshold, best first, at most top_k; at least the best one.
 Both thresholds are chosen on a validation split (see `calibrate`): the refusal threshold for the
@@ -46,8 +47,9 @@ class RetrieverConfig:
     dropout: float = 0.0
     temperature: float = 0.07
     top_k: int = 8  # cap on selected functions (parallel calls need several)
-    threshold: float = 0.5  # keep functions at or above this cosine score
+    threshold: float = 0.5  # keep functions at or above this score
     refusal_threshold: float = -1.0  # best score below this: refuse (-1: never refuse)
+    lexical_weight: float = 0.0  # weight of the request's BM25 score added to the cosine (lexical.py)
 
 
 @dataclass
@@ -65,6 +67,7 @@ class RetrievalData:
     candidates: list[list[int]]
     positives: list[list[int]]
     keys: list[str] | None = None
+    lexical: list[torch.Tensor] | None = None  # per example: BM25 scores of its candidates (lexical.py)
 
     def __post_init__(self) -> None:
         if not (len(self.queries) == len(self.candidates) == len(self.positives)):
@@ -74,6 +77,8 @@ class RetrievalData:
                 raise ValueError(f"example {i}: positives must be among its candidates")
         if self.keys is not None and len(self.keys) != len(self.functions):
             raise ValueError("keys must name every function row")
+        if self.lexical is not None and [len(x) for x in self.lexical] != [len(c) for c in self.candidates]:
+            raise ValueError("lexical must score every candidate of every example")
 
     def __len__(self) -> int:
         return len(self.candidates)
@@ -83,6 +88,7 @@ class RetrievalData:
         return RetrievalData(
             self.queries[list(indices)], self.functions,
             [self.candidates[i] for i in indices], [self.positives[i] for i in indices], self.keys,
+            [self.lexical[i] for i in indices] if self.lexical is not None else None,
         )
 
 
@@ -125,17 +131,23 @@ class Retriever(nn.Module):
         return F.normalize(self.function_proj(f), dim=-1)
 
     @torch.no_grad()
-    def scores(self, query_vec: torch.Tensor, function_vecs: torch.Tensor) -> torch.Tensor:
-        """Cosine similarity (n,) of one soft token to each function embedding."""
+    def scores(self, query_vec: torch.Tensor, function_vecs: torch.Tensor, lexical: torch.Tensor | None = None) -> torch.Tensor:
+        """Scores (n,) of one soft token against each function embedding: the cosine similarity,
+        plus lexical_weight times `lexical` (the request's BM25 scores of those functions) if given."""
         was_training = self.training
         self.eval()
         out = self.project_functions(function_vecs) @ self.project_queries(query_vec)
         self.train(was_training)
-        return out
+        return self.fuse(out, lexical)
 
-    def select(self, query_vec: torch.Tensor, function_vecs: torch.Tensor) -> list[int]:
+    def fuse(self, cosine: torch.Tensor, lexical: torch.Tensor | None) -> torch.Tensor:
+        if lexical is None or self.config.lexical_weight == 0:
+            return cosine
+        return cosine + self.config.lexical_weight * lexical.to(cosine.dtype)
+
+    def select(self, query_vec: torch.Tensor, function_vecs: torch.Tensor, lexical: torch.Tensor | None = None) -> list[int]:
         """Indices of the functions to offer, best first; [] means refuse."""
-        return self.select_from_scores(self.scores(query_vec, function_vecs))
+        return self.select_from_scores(self.scores(query_vec, function_vecs, lexical))
 
     def select_from_scores(self, scores: torch.Tensor | Sequence[float]) -> list[int]:
         return select_indices(scores, self.config.threshold, self.config.refusal_threshold, self.config.top_k)
@@ -263,11 +275,12 @@ def train_retriever(
 
 @torch.no_grad()
 def example_scores(model: Retriever, data: RetrievalData) -> list[torch.Tensor]:
-    """Cosine scores of each example's soft token against its own candidates."""
+    """Scores (as `Retriever.scores`) of each example's soft token against its own candidates."""
     model.eval()
     zq = model.project_queries(data.queries)
     zf = model.project_functions(data.functions)
-    return [zf[cand] @ zq[i] for i, cand in enumerate(data.candidates)]
+    lexical = data.lexical or [None] * len(data)
+    return [model.fuse(zf[cand] @ zq[i], lexical[i]) for i, cand in enumerate(data.candidates)]
 
 
 def _plateau_middle(values: np.ndarray) -> int:
@@ -290,9 +303,11 @@ def calibrate(model: Retriever, val: RetrievalData, grid_size: int = 201) -> dic
     k = model.config.top_k
     n = len(scores)
     flat = torch.cat([s for s in scores if len(s)]).numpy() if n else np.zeros(0)
-    grid = np.unique(np.concatenate([np.quantile(flat, np.linspace(0, 1, grid_size)) if len(flat) else [], [-1.0, 1.0]]))
+    # Cosines lie in [-1, 1]; a lexical part can push scores above 1.
+    low, high = min(-1.0, float(flat.min(initial=-1.0))), max(1.0, float(flat.max(initial=1.0)))
+    grid = np.unique(np.concatenate([np.quantile(flat, np.linspace(0, 1, grid_size)) if len(flat) else [], [low, high]]))
     # Thresholds halfway between grid points generalise better than ones sitting on observed scores.
-    grid = np.concatenate([[-1.0 - 1e-6], (grid[1:] + grid[:-1]) / 2, [1.0 + 1e-6]])
+    grid = np.concatenate([[low - 1e-6], (grid[1:] + grid[:-1]) / 2, [high + 1e-6]])
     best = np.full(n, -np.inf)
     gold_n = np.zeros(n, dtype=int)
     top_ok = np.zeros(n, dtype=bool)

@@ -3,7 +3,7 @@ read in per-function mode (see cascade/library.py; the library embeddings are ca
 
 Per request only the soft token is computed (instruction + request, no tools); the timed part is
 what a server does per query against the cached library: project the soft token, one matrix-vector
-product, top-k. Requests come from held-out fc-train examples whose gold tools are all in the library.
+product, the request's lexical (BM25) scores where the retriever fuses them, top-k. Requests come from held-out fc-train examples whose gold tools are all in the library.
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import torch
 from tqdm.auto import tqdm
 
 from hyfunc.cascade.data import Example, load_examples, split_examples
+from hyfunc.cascade.lexical import LexicalIndex
 from hyfunc.cascade.library import in_library, library_embeddings
 from hyfunc.cascade.retriever import Retriever, recall_at_k
 from hyfunc.cascade.soft_token import SoftTokenEncoder
@@ -36,35 +37,57 @@ def library_requests(data: Sequence[str], library: list[Tool], limit: int | None
 def run_retrieval_benchmark(
     encoder: SoftTokenEncoder, retrievers: dict[str, Retriever], library: list[Tool], requests: list[Example], ks=(1, 3, 5)
 ) -> dict:
-    """Recall@k and per-query search time of each retriever, on the same soft tokens."""
+    """Recall@k and per-query search time of each retriever, on the same soft tokens.
+
+    A retriever with a lexical weight is also scored without it ("cosine only"), and the lexical
+    scores are scored alone ("lexical only"), so the report shows what each part contributes."""
     functions = library_embeddings(encoder, library)
     projected = {name: r.project_functions(functions) for name, r in retrievers.items()}  # once per library
+    lexical_index = LexicalIndex(library) if any(r.config.lexical_weight for r in retrievers.values()) else None
     index = {t.name: i for i, t in enumerate(library)}
+    top = min(max(ks), len(library))
     gold, soft_ms = [], []
-    ranked: dict[str, list[list[int]]] = {name: [] for name in retrievers}
-    search_ms: dict[str, list[float]] = {name: [] for name in retrievers}
+    ranked: dict[str, list[list[int]]] = {}
+    search_ms: dict[str, list[float]] = {}
+
+    def record(name: str, scores: torch.Tensor, seconds: float) -> None:
+        ranked.setdefault(name, []).append(torch.topk(scores, top).indices.tolist())
+        search_ms.setdefault(name, []).append(1000 * seconds)
+
     for ex in tqdm(requests, desc="library queries", unit="req"):
         start = time.perf_counter()
         soft = encoder.encode_request(ex.query).soft_token
         soft_ms.append(1000 * (time.perf_counter() - start))
         gold.append(sorted({index[c.name] for c in ex.answers}))
+        lexical, lexical_seconds = None, 0.0
+        if lexical_index is not None:
+            start = time.perf_counter()
+            lexical = lexical_index.scores(ex.query)
+            lexical_seconds = time.perf_counter() - start
+            record("lexical only (BM25 per sentence)", lexical, lexical_seconds)
         for name, retriever in retrievers.items():
             start = time.perf_counter()
-            scores = projected[name] @ retriever.project_queries(soft)
-            top = torch.topk(scores, min(max(ks), len(library))).indices.tolist()
-            search_ms[name].append(1000 * (time.perf_counter() - start))
-            ranked[name].append(top)
+            cosine = projected[name] @ retriever.project_queries(soft)
+            cosine_seconds = time.perf_counter() - start
+            if retriever.config.lexical_weight:
+                record(f"{name}, cosine only", cosine, cosine_seconds)
+                start = time.perf_counter()
+                fused = retriever.fuse(cosine, lexical)
+                record(name, fused, cosine_seconds + lexical_seconds + time.perf_counter() - start)
+            else:
+                record(name, cosine, cosine_seconds)
     return {
         "library_tools": len(library),
         "requests": len(requests),
         "soft_token_ms_median": statistics.median(soft_ms),
+        "lexical_weights": {name: r.config.lexical_weight for name, r in retrievers.items()},
         "retrievers": {
             name: {
                 **{f"recall@{k}": recall_at_k(ranked[name], gold, k) for k in ks},
                 "search_ms_median": statistics.median(search_ms[name]),
                 "search_ms_p90": sorted(search_ms[name])[int(0.9 * (len(search_ms[name]) - 1))],
             }
-            for name in retrievers
+            for name in ranked
         },
         "command": list(sys.argv),
     }
@@ -86,7 +109,9 @@ def write_retrieval_report(result: dict, out_dir: str | Path, ks=(1, 3, 5)) -> d
         f"Command: `{' '.join(result['command'])}`", "",
         f"{result['requests']} held-out fc-train requests whose gold tools are all in the library. "
         f"Soft token of [instruction + request]: median {result['soft_token_ms_median']:.0f} ms (large model); "
-        "search = project the soft token, one product with the projected library, top-k.", "",
+        "search = project the soft token, one product with the projected library, the request's BM25 "
+        "scores (fused retrievers), top-k. Lexical weights: "
+        + ", ".join(f"{name}: {w:g}" for name, w in result["lexical_weights"].items()) + ".", "",
         "| retriever | " + " | ".join(f"recall@{k} %" for k in ks) + " | search ms (median) | search ms (p90) |",
         "|---|" + "---:|" * (len(ks) + 2),
     ]
