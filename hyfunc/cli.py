@@ -137,6 +137,15 @@ def _side_by_side_methods(args: argparse.Namespace) -> dict:
     methods = {main.name if args.method == "direct" else "hyfunc": main}
     for stage in args.ablations:
         methods[f"hyfunc-no-{stage}"] = main.variant(CascadeOptions(**{stage: False}), f"hyfunc-no-{stage}")
+    for artifact in args.with_cascade:
+        if args.method != "hyfunc":
+            raise ValueError("--with-cascade needs --method hyfunc")
+        from hyfunc.cascade.pipeline import HyFuncMethod
+
+        other = HyFuncMethod.load(artifact, device=args.device, large=main.large)
+        if other.large is main.large:
+            main.share_large_pass(other)  # the same large model reads the same prompt: one pass per case
+        methods[other.name] = other
     for model in args.with_direct:
         large = getattr(main, "large", None)
         # The cascade's large model is the same network: answering directly with it needs no second copy.
@@ -241,6 +250,10 @@ def main(argv: list[str] | None = None) -> int:
         "--with-direct", nargs="+", default=[], metavar="MODEL",
         help="also answer every case by direct prompting with these models, interleaved with the main "
         "method (side by side); the first is the baseline of the latency ratios",
+    )
+    bfcl.add_argument(
+        "--with-cascade", nargs="+", default=[], metavar="ARTIFACT",
+        help="also answer every case with these prepared cascades (e.g. another small model), side by side",
     )
     bfcl.add_argument(
         "--ablations", nargs="+", default=[], choices=["soft_token", "retriever", "templating"],

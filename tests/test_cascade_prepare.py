@@ -118,6 +118,16 @@ def test_variants_share_the_large_pass(data_file, tmp_path):
     # another request is computed afresh
     assert variant.answer([{"role": "user", "content": "Book a table"}], tools).reused_seconds == 0.0
 
+    # another cascade (here: another small model) on the same large model shares the pass too
+    other = HyFuncMethod(large, tiny_backend(hidden_size=32, seed=3), Retriever.load(tmp_path / "retriever"), None,
+                         CascadeOptions(soft_token=False))
+    method.share_large_pass(other)
+    third, fourth = method.answer(request, tools), other.answer(request, tools)
+    assert third.reused_seconds == 0.0 and fourth.reused_seconds == third.timings["large_prefill"] > 0
+    with pytest.raises(ValueError, match="same loaded large model"):
+        method.share_large_pass(HyFuncMethod(tiny_backend(hidden_size=48, seed=1), small, Retriever.load(tmp_path / "retriever"), None,
+                                             CascadeOptions(soft_token=False)))
+
 
 def test_library_benchmark_on_held_out_examples(tmp_path):
     from hyfunc.cascade.data import load_examples, split_examples
@@ -173,7 +183,8 @@ def test_library_retriever_benchmark_and_per_function_serving(data_file, tmp_pat
     assert per_function.meta["library"]["tools"] == 3
 
     assert "lexical_fit" in lib_metrics
-    per_function.config.lexical_weight = 1.0  # whatever the toy holdout chose: a fused score
+    # whatever the toy holdouts chose: one fused retriever, one on its cosine alone
+    per_function.config.lexical_weight, joint.config.lexical_weight = 1.0, 0.0
     retrievers = {"joint": joint, "library": per_function}
     result = run_retrieval_benchmark(SoftTokenEncoder(large), retrievers, library, requests, ks=(1, 3))
     # a fused retriever's parts are reported too: the cosine alone and the lexical scores alone

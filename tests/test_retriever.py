@@ -85,6 +85,9 @@ def test_select_rule():
     assert select_indices([0.45, 0.4], threshold=0.5, refusal_threshold=0.3, top_k=8) == [0]  # at least the best
     assert select_indices([0.9, 0.8, 0.7], threshold=0.5, refusal_threshold=0.3, top_k=2) == [0, 1]  # cap
     assert select_indices([], threshold=0.5, refusal_threshold=-1.0, top_k=2) == []
+    # with a lexical part, refusal looks at the cosine alone
+    assert select_indices([1.6, 0.9], threshold=0.5, refusal_threshold=0.3, top_k=8, refusal_scores=[0.2, 0.1]) == []
+    assert select_indices([1.6, 0.9], threshold=1.0, refusal_threshold=0.3, top_k=8, refusal_scores=[0.1, 0.4]) == [0]
 
 
 def test_below_threshold_query_is_refused(trained):

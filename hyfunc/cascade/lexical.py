@@ -14,6 +14,7 @@ sentence's best score: every sentence's best tools score 1, whichever sentence a
 """
 from __future__ import annotations
 
+import random
 import re
 from typing import Sequence
 
@@ -77,17 +78,44 @@ class LexicalIndex:
         return torch.stack([self.scores(r) for r in requests]) if requests else torch.empty(0, self.size)
 
 
-def fit_lexical_weight(retriever: Retriever, data: RetrievalData, k: int = 5, grid: Sequence[float] = WEIGHT_GRID) -> dict[str, float]:
+def lexical_scores(request: str, tools: Sequence[Tool]) -> torch.Tensor:
+    """`LexicalIndex(tools).scores(request)`, for a tool list seen once (an empty list: no scores)."""
+    return LexicalIndex(tools).scores(request) if tools else torch.empty(0)
+
+
+#: Share of the training examples held out of the projections' training to fit the lexical weight.
+FUSION_HOLDOUT = 0.15
+
+
+def fusion_split(n: int, seed: int) -> tuple[list[int], list[int]]:
+    """Indices (projections' training, lexical-weight fit) of n training examples, seeded."""
+    order = list(range(n))
+    random.Random(seed).shuffle(order)
+    cut = n - max(1, int(FUSION_HOLDOUT * n))
+    return sorted(order[:cut]), sorted(order[cut:])
+
+
+def fit_lexical_weight(retriever: Retriever, data: RetrievalData, k: int | None = 5, grid: Sequence[float] = WEIGHT_GRID) -> dict[str, float]:
     """Set `retriever.config.lexical_weight` to the grid value with the best recall@k on `data`
-    (a RetrievalData with `lexical` scores, not used to train the projections); returns the
-    recall@k of every weight tried, 0 (cosine only) included."""
+    (a RetrievalData with `lexical` scores, not used to train the projections); k=None ranks
+    each example's gold tools into its top |gold| (R-precision: what the selection rule needs
+    when the offered list is short). Returns the value of every weight tried, 0 (cosine only) included."""
     if data.lexical is None:
         raise ValueError("fitting the lexical weight needs data with lexical scores")
     gold = [[cand.index(p) for p in pos] for cand, pos in zip(data.candidates, data.positives)]
-    recalls = {}
+    if not any(gold):  # nothing to rank (e.g. a tiny split of refusals only): cosine only
+        retriever.config.lexical_weight = 0.0
+        return {"lexical_weight": 0.0}
+    metric = f"recall@{k}" if k else "R-precision"
+    values = {}
     for weight in (0.0, *grid):
         retriever.config.lexical_weight = weight
-        ranked = [torch.topk(s, min(k, len(s))).indices.tolist() for s in example_scores(retriever, data)]
-        recalls[weight] = recall_at_k(ranked, gold, k)
-    retriever.config.lexical_weight = max(recalls, key=lambda w: (recalls[w], -w))  # ties: the smaller weight
-    return {f"recall@{k} at weight {w:g}": r for w, r in recalls.items()} | {"lexical_weight": retriever.config.lexical_weight}
+        scores = example_scores(retriever, data)
+        if k:
+            values[weight] = recall_at_k([torch.topk(s, min(k, len(s))).indices.tolist() for s in scores], gold, k)
+        else:
+            values[weight] = float(np.mean([
+                len(set(torch.topk(s, len(g)).indices.tolist()) & set(g)) / len(g) for s, g in zip(scores, gold) if g
+            ]))
+    retriever.config.lexical_weight = max(values, key=lambda w: (values[w], -w))  # ties: the smaller weight
+    return {f"{metric} at weight {w:g}": v for w, v in values.items()} | {"lexical_weight": retriever.config.lexical_weight}

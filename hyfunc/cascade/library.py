@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import random
 from pathlib import Path
 from typing import Sequence
 
@@ -24,7 +23,7 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from hyfunc.cascade.data import Example
-from hyfunc.cascade.lexical import LexicalIndex, fit_lexical_weight
+from hyfunc.cascade.lexical import FUSION_HOLDOUT, LexicalIndex, fit_lexical_weight, fusion_split
 from hyfunc.cascade.retriever import RetrievalData, Retriever, calibrate, evaluate, new_retriever, train_retriever
 from hyfunc.cascade.shards import fill_shards, read_shards
 from hyfunc.cascade.soft_token import SoftTokenEncoder, tool_line
@@ -96,10 +95,6 @@ def library_retrieval_data(
     return RetrievalData(queries, functions, [everything] * len(examples), positives, lexical=scores)
 
 
-#: Share of the training requests held out of the projections' training to fit the lexical weight.
-FUSION_HOLDOUT = 0.15
-
-
 def train_library_retriever(
     directory: Path, encoder: SoftTokenEncoder, library_path: str | Path, train: Sequence[Example], val: Sequence[Example],
     options: dict, seed: int,
@@ -112,10 +107,8 @@ def train_library_retriever(
         return retriever, retriever.meta.get("metrics", {})
     library = load_library(library_path)
     train, val = in_library(train, library), in_library(val, library)
-    order = list(range(len(train)))
-    random.Random(seed).shuffle(order)
-    cut = len(order) - max(1, int(FUSION_HOLDOUT * len(order)))
-    fit, holdout = [train[i] for i in order[:cut]], [train[i] for i in order[cut:]]
+    fit_ids, holdout_ids = fusion_split(len(train), seed)
+    fit, holdout = [train[i] for i in fit_ids], [train[i] for i in holdout_ids]
     if not fit or not val:
         raise ValueError(f"{library_path}: too few training examples call only its tools ({len(train)} train, {len(val)} validation)")
     functions = library_embeddings(encoder, library)

@@ -3,7 +3,8 @@
 Per request:
   1. one forward pass of the large model over [instruction + tools + request]
      (or only the request, after a cached fixed library) -> soft token + function embeddings;
-  2. the retriever keeps the relevant tools, or none ("no tool fits" -> no call);
+  2. the retriever keeps the relevant tools, or none ("no tool fits" -> no call), by the soft
+     token's cosine with each tool plus a weighted lexical score of the request (lexical.py);
   3. the small model reads [instruction + retrieved tools + request + projected soft token] and
      the templating decoder writes the call list, generating only what the schemas leave open.
 
@@ -25,7 +26,7 @@ from typing import Sequence
 
 import torch
 
-from hyfunc.cascade.lexical import LexicalIndex
+from hyfunc.cascade.lexical import LexicalIndex, lexical_scores
 from hyfunc.cascade.library import library_embeddings
 from hyfunc.cascade.retriever import Retriever
 from hyfunc.cascade.small_model import SoftTokenProjector, build_small_prompt, load_projector, prompt_embeds
@@ -113,23 +114,38 @@ class HyFuncMethod:
         self._library: LibraryCache | None = None
         self._per_function: PerFunctionLibrary | None = None
 
+    def share_large_pass(self, other: HyFuncMethod) -> None:
+        """Let `other` (another artifact with the same large model) reuse this cascade's pass per request."""
+        if other.large is not self.large:
+            raise ValueError("only cascades on the same loaded large model can share its pass")
+        other.shared_pass = self._shared_pass()
+
+    def _shared_pass(self) -> SharedLargePass:
+        if self.shared_pass is None:
+            self.shared_pass = SharedLargePass()
+        return self.shared_pass
+
     def variant(self, options: CascadeOptions, name: str) -> HyFuncMethod:
         """The same trained parts under other options (an ablation); both then share each
         request's large-model pass, so a side-by-side run pays for it once."""
-        if self.shared_pass is None:
-            self.shared_pass = SharedLargePass()
         return HyFuncMethod(
-            self.large, self.small, self.retriever, self.projector, options, name, self.shared_pass, self.library_retriever
+            self.large, self.small, self.retriever, self.projector, options, name, self._shared_pass(), self.library_retriever
         )
 
     @classmethod
-    def load(cls, directory: str | Path, options: CascadeOptions | None = None, device: str | None = None) -> HyFuncMethod:
+    def load(
+        cls, directory: str | Path, options: CascadeOptions | None = None, device: str | None = None,
+        large: Backend | None = None,
+    ) -> HyFuncMethod:
+        """The cascade prepared in `directory`; `large`: an already loaded large model to reuse
+        (used only if it is the artifact's)."""
         directory = Path(directory)
         manifest_path = directory / MANIFEST
         if not manifest_path.is_file():
             raise FileNotFoundError(f"{directory}: no {MANIFEST}; not a prepared cascade (run `hyfunc prepare`)")
         manifest = json.loads(manifest_path.read_text())
-        large = Backend(manifest["large_model"], device=device)
+        if large is None or large.name != manifest["large_model"]:
+            large = Backend(manifest["large_model"], device=device)
         small = Backend(manifest["small_model"], device=device, dtype=torch.float32)  # as trained
         if (directory / "adapter").is_dir():
             from peft import PeftModel
@@ -177,18 +193,23 @@ class HyFuncMethod:
             return encoding, reused, self.retriever
         return self.encoder.encode(messages, source), False, self.retriever
 
+    def _lexical(self, request: str, tools: Sequence[Tool]) -> torch.Tensor:
+        """The request's lexical scores of the tools (a large library's index is built once)."""
+        if self._per_function is not None and self._per_function.tools == list(tools):
+            return self._per_function.lexical.scores(request)
+        return lexical_scores(request, tools)  # a short list: indexing it costs under a millisecond
+
     def answer(self, messages: Sequence[dict], tools: Sequence[Tool]) -> Answer:
         timings: dict[str, float] = {}
         encoding, reused, retriever = self._encode(messages, tools)
         timings["large_prefill"] = encoding.seconds
 
         start = time.perf_counter()
-        lexical = None
-        if retriever is self.library_retriever and self._per_function is not None:
-            lexical = self._per_function.lexical.scores(_request_text(messages))
+        lexical = self._lexical(_request_text(messages), tools) if retriever.config.lexical_weight and len(tools) else None
         with torch.no_grad():
-            scores = retriever.scores(encoding.soft_token, encoding.function_embeddings, lexical) if len(tools) else torch.empty(0)
-        chosen = retriever.select_from_scores(scores) if len(tools) else []
+            cosine = retriever.scores(encoding.soft_token, encoding.function_embeddings) if len(tools) else torch.empty(0)
+        scores = retriever.fuse(cosine, lexical)
+        chosen = retriever.select_from_scores(scores, cosine) if len(tools) else []
         selected = [tools[i] for i in chosen] if self.options.retriever else list(tools)
         timings["retrieve"] = time.perf_counter() - start
         # The best RANKING_SHOWN only: a per-function library has thousands of tools.

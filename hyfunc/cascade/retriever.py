@@ -10,10 +10,12 @@ are left out of the denominator (they are not negatives), and so is any column w
 identity, e.g. its JSON text) equals one of the example's gold tools: the same tool shown in
 another example is not a negative either.
 
-Selection rule, applied to the scores of the offered functions (cosine similarity; for a large
-library plus a weighted lexical score, see lexical.py):
-- best score < refusal_threshold        -> []  ("no tool fits")
+Selection rule over the offered functions; score = cosine similarity plus, with a lexical weight,
+a weighted lexical score of the request (lexical.py):
+- best cosine < refusal_threshold       -> []  ("no tool fits")
 - otherwise the functions with score >= threshold, best first, at most top_k; at least the best one.
+Refusal looks at the cosine alone: the lexical part says which offered tool a request's words
+name, not whether any fits (normalised per sentence, some tool scores 1 whenever a word matches).
 Both thresholds are chosen on a validation split (see `calibrate`): the refusal threshold for the
 balanced accuracy of refusing, the keep threshold for exact-set accuracy of the calls.
 """
@@ -48,7 +50,7 @@ class RetrieverConfig:
     temperature: float = 0.07
     top_k: int = 8  # cap on selected functions (parallel calls need several)
     threshold: float = 0.5  # keep functions at or above this score
-    refusal_threshold: float = -1.0  # best score below this: refuse (-1: never refuse)
+    refusal_threshold: float = -1.0  # best cosine below this: refuse (-1: never refuse)
     lexical_weight: float = 0.0  # weight of the request's BM25 score added to the cosine (lexical.py)
 
 
@@ -147,10 +149,12 @@ class Retriever(nn.Module):
 
     def select(self, query_vec: torch.Tensor, function_vecs: torch.Tensor, lexical: torch.Tensor | None = None) -> list[int]:
         """Indices of the functions to offer, best first; [] means refuse."""
-        return self.select_from_scores(self.scores(query_vec, function_vecs, lexical))
+        cosine = self.scores(query_vec, function_vecs)
+        return self.select_from_scores(self.fuse(cosine, lexical), cosine)
 
-    def select_from_scores(self, scores: torch.Tensor | Sequence[float]) -> list[int]:
-        return select_indices(scores, self.config.threshold, self.config.refusal_threshold, self.config.top_k)
+    def select_from_scores(self, scores: torch.Tensor | Sequence[float], cosine: torch.Tensor | Sequence[float] | None = None) -> list[int]:
+        """The rule on precomputed scores; `cosine` (default: `scores`) decides refusal."""
+        return select_indices(scores, self.config.threshold, self.config.refusal_threshold, self.config.top_k, cosine)
 
     # -- persistence: a directory = manifest.json + retriever.safetensors ---------------------
     def save(self, directory: str | Path, meta: dict[str, Any] | None = None) -> Path:
@@ -185,9 +189,13 @@ class Retriever(nn.Module):
         return model.eval()
 
 
-def select_indices(scores: torch.Tensor | Sequence[float], threshold: float, refusal_threshold: float, top_k: int) -> list[int]:
+def select_indices(
+    scores: torch.Tensor | Sequence[float], threshold: float, refusal_threshold: float, top_k: int,
+    refusal_scores: torch.Tensor | Sequence[float] | None = None,
+) -> list[int]:
     s = torch.as_tensor(scores, dtype=torch.float32).flatten()
-    if len(s) == 0 or float(s.max()) < refusal_threshold:
+    r = s if refusal_scores is None else torch.as_tensor(refusal_scores, dtype=torch.float32).flatten()
+    if len(s) == 0 or float(r.max()) < refusal_threshold:
         return []
     order = torch.argsort(s, descending=True, stable=True).tolist()
     keep = [i for i in order[:top_k] if float(s[i]) >= threshold]
@@ -274,12 +282,13 @@ def train_retriever(
 
 
 @torch.no_grad()
-def example_scores(model: Retriever, data: RetrievalData) -> list[torch.Tensor]:
-    """Scores (as `Retriever.scores`) of each example's soft token against its own candidates."""
+def example_scores(model: Retriever, data: RetrievalData, fused: bool = True) -> list[torch.Tensor]:
+    """Scores (as `Retriever.scores`) of each example's soft token against its own candidates;
+    fused=False: the cosine alone."""
     model.eval()
     zq = model.project_queries(data.queries)
     zf = model.project_functions(data.functions)
-    lexical = data.lexical or [None] * len(data)
+    lexical = data.lexical if data.lexical is not None and fused else [None] * len(data)
     return [model.fuse(zf[cand] @ zq[i], lexical[i]) for i, cand in enumerate(data.candidates)]
 
 
@@ -292,39 +301,36 @@ def _plateau_middle(values: np.ndarray) -> int:
 def calibrate(model: Retriever, val: RetrievalData, grid_size: int = 201) -> dict[str, float]:
     """Set refusal_threshold and threshold from `val`, as two separate decisions; returns the result.
 
-    - refusal_threshold r: the balanced accuracy of "refuse or not", i.e. the mean of the share of
-      no-call examples refused and the share of call examples answered. (Maximising exact-set
+    - refusal_threshold r (on the best cosine): the balanced accuracy of "refuse or not", i.e. the
+      mean of the share of no-call examples refused and the share of call examples answered. (Maximising exact-set
       accuracy instead rewards refusing any call example whose selection would not be exact,
       although the small model would still answer many of them right: it over-refused.)
     - threshold t: exact-set accuracy over the call examples (the top-|gold| are the gold tools and
       the rule keeps exactly |gold|).
     """
     scores = example_scores(model, val)
+    cosines = example_scores(model, val, fused=False)
     k = model.config.top_k
     n = len(scores)
-    flat = torch.cat([s for s in scores if len(s)]).numpy() if n else np.zeros(0)
-    # Cosines lie in [-1, 1]; a lexical part can push scores above 1.
-    low, high = min(-1.0, float(flat.min(initial=-1.0))), max(1.0, float(flat.max(initial=1.0)))
-    grid = np.unique(np.concatenate([np.quantile(flat, np.linspace(0, 1, grid_size)) if len(flat) else [], [low, high]]))
-    # Thresholds halfway between grid points generalise better than ones sitting on observed scores.
-    grid = np.concatenate([[low - 1e-6], (grid[1:] + grid[:-1]) / 2, [high + 1e-6]])
-    best = np.full(n, -np.inf)
+    grid = _grid(torch.cat([s for s in scores if len(s)]).numpy() if n else np.zeros(0), grid_size)
+    best = np.full(n, -np.inf)  # best cosine: what refusal looks at
     gold_n = np.zeros(n, dtype=int)
     top_ok = np.zeros(n, dtype=bool)
     counts = np.zeros((n, len(grid)), dtype=int)  # how many candidates score >= t
-    for i, (s, cand, pos) in enumerate(zip(scores, val.candidates, val.positives)):
+    for i, (s, c, cand, pos) in enumerate(zip(scores, cosines, val.candidates, val.positives)):
         if len(s) == 0:
             continue
         s = s.numpy()
         order = np.argsort(-s, kind="stable")
-        best[i] = s[order[0]]
+        best[i] = float(c.max())
         gold = {cand.index(p) for p in pos}
         gold_n[i] = len(gold)
         top_ok[i] = set(order[: len(gold)].tolist()) == gold
         counts[i] = (s[None, :] >= grid[:, None]).sum(1)
     offered = best > -np.inf  # an example without candidates has nothing to decide
     calls, no_calls = offered & (gold_n > 0), offered & (gold_n == 0)
-    answered = best[None, :] >= grid[:, None]  # (R, N): not refused at r
+    refusal_grid = _grid(best[offered], grid_size)
+    answered = best[None, :] >= refusal_grid[:, None]  # (R, N): not refused at r
     parts = []
     if no_calls.any():
         parts.append((~answered & no_calls).sum(1) / no_calls.sum())
@@ -334,7 +340,7 @@ def calibrate(model: Retriever, val: RetrievalData, grid_size: int = 201) -> dic
     kept = np.clip(counts, 1, k)  # (N, T): how many the rule keeps at threshold t (if not refused)
     right_size = (kept == gold_n[:, None]) & (calls & top_ok)[:, None]  # (N, T)
     t_idx = _plateau_middle(right_size.sum(0))
-    model.config.refusal_threshold = float(grid[r_idx])
+    model.config.refusal_threshold = float(refusal_grid[r_idx])
     model.config.threshold = float(grid[t_idx])
     refused_right = int((~answered[r_idx] & no_calls).sum())
     exact = refused_right + int((answered[r_idx] & right_size[:, t_idx]).sum()) + int((~offered).sum())
@@ -344,6 +350,15 @@ def calibrate(model: Retriever, val: RetrievalData, grid_size: int = 201) -> dic
         "refusal_balanced_accuracy": float(np.mean([p[r_idx] for p in parts])) if parts else float("nan"),
         "exact_set_accuracy": exact / max(n, 1),
     }
+
+
+def _grid(values: np.ndarray, size: int) -> np.ndarray:
+    """Candidate thresholds for `values`: halfway between their quantiles (thresholds sitting on
+    observed scores generalise worse), plus one below and one above everything."""
+    # Cosines lie in [-1, 1]; a lexical part can push scores above 1.
+    low, high = min(-1.0, float(values.min(initial=-1.0))), max(1.0, float(values.max(initial=1.0)))
+    points = np.unique(np.concatenate([np.quantile(values, np.linspace(0, 1, size)) if len(values) else [], [low, high]]))
+    return np.concatenate([[low - 1e-6], (points[1:] + points[:-1]) / 2, [high + 1e-6]])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -373,7 +388,7 @@ def evaluate(model: Retriever, data: RetrievalData, ks: Sequence[int] = (1, 3, 5
     scores = example_scores(model, data)
     ranked = [torch.argsort(s, descending=True, stable=True).tolist() for s in scores]
     gold = [[cand.index(p) for p in pos] for cand, pos in zip(data.candidates, data.positives)]
-    selected = [model.select_from_scores(s) for s in scores]
+    selected = [model.select_from_scores(s, c) for s, c in zip(scores, example_scores(model, data, fused=False))]
     out = {f"recall@{k}": recall_at_k(ranked, gold, k) for k in ks}
     out["exact_set_accuracy"] = exact_set_accuracy(selected, gold)
     out["refusal_accuracy"] = refusal_accuracy(selected, gold)
