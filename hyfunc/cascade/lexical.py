@@ -4,13 +4,15 @@ Over a library of thousands of tools read in per-function mode, the soft token o
 request] alone finds the gold tools poorly: it is the state that decodes the first answer token,
 one vector, while a library request often asks for three unrelated tools in three sentences
 ("check the warehouse capacity ... then get the library layout ... finally ..."). Requests also
-tend to name what they want in the tools' own words. So a library retriever ranks by
+tend to name what they want in the tools' own words. So a retriever ranks by
 
     cosine(projected soft token, projected tool) + lexical_weight * lexical(request, tool)
 
 where lexical is, over the request's sentences, the best BM25 score of the tool divided by that
 sentence's best score: every sentence's best tools score 1, whichever sentence asks for them.
 `lexical_weight` is fitted on requests the projections were not trained on (`fit_lexical_weight`).
+The joint retriever (short tool lists shown in one prompt) uses the same fusion: on fc-train
+validation its exact tool sets rose from 48 % to 78 %.
 """
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from hyfunc.cascade.data import Example
-from hyfunc.cascade.lexical import FUSION_HOLDOUT, LexicalIndex, fit_lexical_weight, fusion_split
+from hyfunc.cascade.lexical import LexicalIndex, fit_lexical_weight, fusion_split
 from hyfunc.cascade.retriever import RetrievalData, Retriever, calibrate, evaluate, new_retriever, train_retriever
 from hyfunc.cascade.shards import fill_shards, read_shards
 from hyfunc.cascade.soft_token import SoftTokenEncoder, tool_line
@@ -100,7 +100,7 @@ def train_library_retriever(
     options: dict, seed: int,
 ) -> tuple[Retriever, dict]:
     """Retriever for a library in per-function mode, saved under `directory` (skipped if there):
-    projections trained on most of `train`, the lexical weight fitted on the rest (FUSION_HOLDOUT),
+    projections trained on most of `train`, the lexical weight fitted on the rest (lexical.FUSION_HOLDOUT),
     thresholds calibrated on `val`."""
     if (directory / "manifest.json").is_file():
         retriever = Retriever.load(directory)
