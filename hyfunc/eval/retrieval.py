@@ -3,7 +3,8 @@ read in per-function mode (see cascade/library.py; the library embeddings are ca
 
 Per request only the soft token is computed (instruction + request, no tools); the timed part is
 what a server does per query against the cached library: project the soft token, one matrix-vector
-product, the request's lexical (BM25) scores where the retriever fuses them, top-k. Requests come from held-out fc-train examples whose gold tools are all in the library.
+product, the request's lexical (BM25) scores where the retriever fuses them, top-k. Requests come
+from held-out fc-train examples whose gold tools are all in the library.
 """
 from __future__ import annotations
 
