@@ -24,7 +24,7 @@ import bm25s
 import numpy as np
 import torch
 
-from hyfunc.cascade.retriever import RetrievalData, Retriever, example_scores, recall_at_k
+from hyfunc.cascade.retriever import RetrievalData, Retriever, example_cosines, fuse_examples, recall_at_k
 from hyfunc.formats.schema import Tool
 
 _CAMEL = re.compile(r"([a-z0-9])([A-Z])")
@@ -109,10 +109,11 @@ def fit_lexical_weight(retriever: Retriever, data: RetrievalData, k: int | None 
         retriever.config.lexical_weight = 0.0
         return {"lexical_weight": 0.0}
     metric = f"recall@{k}" if k else "R-precision"
+    cosines = example_cosines(retriever, data)  # the projections do not depend on the weight
     values = {}
     for weight in (0.0, *grid):
         retriever.config.lexical_weight = weight
-        scores = example_scores(retriever, data)
+        scores = fuse_examples(retriever, data, cosines)
         if k:
             values[weight] = recall_at_k([torch.topk(s, min(k, len(s))).indices.tolist() for s in scores], gold, k)
         else:

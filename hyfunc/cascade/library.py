@@ -115,13 +115,14 @@ def train_library_retriever(
     lexical = LexicalIndex(library)
     requests = directory.parent / "library-requests"
 
-    def data(examples: Sequence[Example]) -> RetrievalData:
-        return library_retrieval_data(request_tokens(encoder, examples, requests), functions, examples, library, lexical)
+    def data(examples: Sequence[Example], with_lexical: bool = True) -> RetrievalData:
+        tokens = request_tokens(encoder, examples, requests)
+        return library_retrieval_data(tokens, functions, examples, library, lexical if with_lexical else None)
 
     # Every example's candidates are the whole library, so each step projects all of it: larger
     # batches (fewer steps) keep an epoch cheap.
     retriever, training = new_retriever(functions.shape[1], {"batch_size": 128, **options})
-    history = train_retriever(retriever, data(fit), seed=seed, **training)
+    history = train_retriever(retriever, data(fit, with_lexical=False), seed=seed, **training)  # trains the cosine only
     val_data = data(val)
     metrics = {
         "loss_history": history,

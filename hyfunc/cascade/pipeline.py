@@ -179,12 +179,14 @@ class HyFuncMethod:
             )
         self._per_function = PerFunctionLibrary(tools, library_embeddings(self.encoder, tools), LexicalIndex(tools))
 
-    def _encode(self, messages: Sequence[dict], tools: Sequence[Tool]) -> tuple[Encoding, bool, Retriever]:
+    def _encode(
+        self, messages: Sequence[dict], tools: Sequence[Tool], per_function: PerFunctionLibrary | None
+    ) -> tuple[Encoding, bool, Retriever]:
         """The large model's pass for this request: (encoding, reused from a shared pass?, the
         retriever that matches how it was encoded)."""
-        if self._per_function is not None and self._per_function.tools == list(tools):
+        if per_function is not None:
             encoding = self.encoder.encode_request(messages)
-            encoding.function_embeddings = self._per_function.embeddings
+            encoding.function_embeddings = per_function.embeddings
             return encoding, False, self.library_retriever
         library = self._library if self._library is not None and self._library.tools == list(tools) else None
         source = library if library is not None else tools
@@ -193,19 +195,18 @@ class HyFuncMethod:
             return encoding, reused, self.retriever
         return self.encoder.encode(messages, source), False, self.retriever
 
-    def _lexical(self, request: str, tools: Sequence[Tool]) -> torch.Tensor:
-        """The request's lexical scores of the tools (a large library's index is built once)."""
-        if self._per_function is not None and self._per_function.tools == list(tools):
-            return self._per_function.lexical.scores(request)
-        return lexical_scores(request, tools)  # a short list: indexing it costs under a millisecond
-
     def answer(self, messages: Sequence[dict], tools: Sequence[Tool]) -> Answer:
         timings: dict[str, float] = {}
-        encoding, reused, retriever = self._encode(messages, tools)
+        per_function = self._per_function if self._per_function is not None and self._per_function.tools == list(tools) else None
+        encoding, reused, retriever = self._encode(messages, tools, per_function)
         timings["large_prefill"] = encoding.seconds
 
         start = time.perf_counter()
-        lexical = self._lexical(_request_text(messages), tools) if retriever.config.lexical_weight and len(tools) else None
+        lexical = None
+        if retriever.config.lexical_weight and len(tools):
+            request = _request_text(messages)
+            # A large library's index is built once; a short list is indexed in under a millisecond.
+            lexical = per_function.lexical.scores(request) if per_function is not None else lexical_scores(request, tools)
         with torch.no_grad():
             cosine = retriever.scores(encoding.soft_token, encoding.function_embeddings) if len(tools) else torch.empty(0)
         scores = retriever.fuse(cosine, lexical)

@@ -99,8 +99,11 @@ def load_embeddings(directory: Path, ids: set[str] | None = None) -> dict[str, t
     return out
 
 
-def retrieval_data(examples: list[Example], embeddings: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> RetrievalData:
-    queries, functions, candidates, positives, keys, lexical = [], [], [], [], [], []
+def retrieval_data(
+    examples: list[Example], embeddings: dict[str, tuple[torch.Tensor, torch.Tensor]], lexical: bool = True
+) -> RetrievalData:
+    """`lexical`: with each request's lexical scores of its tools (training does not use them)."""
+    queries, functions, candidates, positives, keys, scores = [], [], [], [], [], []
     for ex in examples:
         start = len(keys)
         soft, function_embeddings = embeddings[ex.id]
@@ -110,8 +113,9 @@ def retrieval_data(examples: list[Example], embeddings: dict[str, tuple[torch.Te
         positives.append([start + i for i, t in enumerate(ex.tools) if t.name in gold])
         keys += [json.dumps(t.to_json_schema(), sort_keys=True) for t in ex.tools]
         queries.append(soft)
-        lexical.append(lexical_scores(ex.query, ex.tools))
-    return RetrievalData(torch.stack(queries), torch.cat(functions), candidates, positives, keys, lexical)
+        if lexical:
+            scores.append(lexical_scores(ex.query, ex.tools))
+    return RetrievalData(torch.stack(queries), torch.cat(functions), candidates, positives, keys, scores if lexical else None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -264,7 +268,7 @@ def prepare(config: PrepareConfig, out: Path, large: Backend | None = None, smal
 
     start = time.perf_counter()
     retriever, retriever_metrics = prepare_retriever(
-        out / "retriever", retrieval_data(train, embeddings), retrieval_data(val, embeddings),
+        out / "retriever", retrieval_data(train, embeddings, lexical=False), retrieval_data(val, embeddings),
         large.hidden_size, dict(config.retriever), config.seed,
     )
     timings["retriever"] = time.perf_counter() - start

@@ -282,14 +282,23 @@ def train_retriever(
 
 
 @torch.no_grad()
-def example_scores(model: Retriever, data: RetrievalData, fused: bool = True) -> list[torch.Tensor]:
-    """Scores (as `Retriever.scores`) of each example's soft token against its own candidates;
-    fused=False: the cosine alone."""
+def example_cosines(model: Retriever, data: RetrievalData) -> list[torch.Tensor]:
+    """Cosine of each example's soft token with each of its own candidates."""
     model.eval()
     zq = model.project_queries(data.queries)
     zf = model.project_functions(data.functions)
-    lexical = data.lexical if data.lexical is not None and fused else [None] * len(data)
-    return [model.fuse(zf[cand] @ zq[i], lexical[i]) for i, cand in enumerate(data.candidates)]
+    return [zf[cand] @ zq[i] for i, cand in enumerate(data.candidates)]
+
+
+def fuse_examples(model: Retriever, data: RetrievalData, cosines: list[torch.Tensor]) -> list[torch.Tensor]:
+    """`example_cosines` plus the model's weighted lexical scores (where `data` has them)."""
+    lexical = data.lexical if data.lexical is not None else [None] * len(data)
+    return [model.fuse(c, x) for c, x in zip(cosines, lexical)]
+
+
+def example_scores(model: Retriever, data: RetrievalData) -> list[torch.Tensor]:
+    """Scores (as `Retriever.scores`) of each example's soft token against its own candidates."""
+    return fuse_examples(model, data, example_cosines(model, data))
 
 
 def _plateau_middle(values: np.ndarray) -> int:
@@ -308,8 +317,8 @@ def calibrate(model: Retriever, val: RetrievalData, grid_size: int = 201) -> dic
     - threshold t: exact-set accuracy over the call examples (the top-|gold| are the gold tools and
       the rule keeps exactly |gold|).
     """
-    scores = example_scores(model, val)
-    cosines = example_scores(model, val, fused=False)
+    cosines = example_cosines(model, val)
+    scores = fuse_examples(model, val, cosines)
     k = model.config.top_k
     n = len(scores)
     grid = _grid(torch.cat([s for s in scores if len(s)]).numpy() if n else np.zeros(0), grid_size)
@@ -385,10 +394,11 @@ def refusal_accuracy(selected: Sequence[Sequence[int]], gold: Sequence[Sequence[
 
 def evaluate(model: Retriever, data: RetrievalData, ks: Sequence[int] = (1, 3, 5)) -> dict[str, float]:
     """Recall@k, exact-set accuracy and refusal accuracy of `model` (with its thresholds) on `data`."""
-    scores = example_scores(model, data)
+    cosines = example_cosines(model, data)
+    scores = fuse_examples(model, data, cosines)
     ranked = [torch.argsort(s, descending=True, stable=True).tolist() for s in scores]
     gold = [[cand.index(p) for p in pos] for cand, pos in zip(data.candidates, data.positives)]
-    selected = [model.select_from_scores(s, c) for s, c in zip(scores, example_scores(model, data, fused=False))]
+    selected = [model.select_from_scores(s, c) for s, c in zip(scores, cosines)]
     out = {f"recall@{k}": recall_at_k(ranked, gold, k) for k in ks}
     out["exact_set_accuracy"] = exact_set_accuracy(selected, gold)
     out["refusal_accuracy"] = refusal_accuracy(selected, gold)
