@@ -43,7 +43,7 @@ def test_prepare_writes_every_artifact_resumes_and_serves(data_file, tmp_path):
     large, small = tiny_backend(hidden_size=48, seed=1), tiny_backend(hidden_size=32, seed=2)
     config = PrepareConfig(
         large_model="tiny-large", small_model="tiny-small", data=[str(data_file)], val_fraction=0.3,
-        shard_size=4, retriever={"proj_dim": 16, "epochs": 3, "lr": 1e-2}, sft_epochs=1, lora_rank=4, sft_grad_accum=2,
+        shard_size=4, retriever={"proj_dim": 16, "epochs": 3, "lr": 1e-2, "refusal_head": True}, sft_epochs=1, lora_rank=4, sft_grad_accum=2,
     )
     out = tmp_path / "artifact"
     manifest = prepare(config, out, large=large, small=small)
@@ -53,6 +53,7 @@ def test_prepare_writes_every_artifact_resumes_and_serves(data_file, tmp_path):
     assert manifest["data"]["train"] + manifest["data"]["validation"] >= 21
     assert manifest["metrics"]["sft"]["items"] > 0 and len(manifest["metrics"]["sft"]["epoch_losses"]) == 1
     assert set(manifest["metrics"]["retriever"]["validation"]) >= {"recall@1", "exact_set_accuracy"}
+    assert Retriever.load(out / "retriever").refusal is not None  # trained on the refusal examples added to the data
 
     # resuming recomputes nothing: shards and the retriever are reused as they are
     shards = sorted((out / "embeddings").glob("*.safetensors"))
@@ -174,9 +175,11 @@ def test_library_retriever_benchmark_and_per_function_serving(data_file, tmp_pat
 
     large, small = tiny_backend(hidden_size=48, seed=1), tiny_backend(hidden_size=32, seed=2)
     config = PrepareConfig(large_model="l", small_model="s", data=[str(data_file)], val_fraction=0.3,
-                           retriever={"proj_dim": 16, "epochs": 1}, sft_epochs=1, lora_rank=0, library=str(library_file))
+                           retriever={"proj_dim": 16, "epochs": 1, "refusal_head": True}, sft_epochs=1, lora_rank=0, library=str(library_file))
     manifest = prepare(config, tmp_path / "artifact", large=large, small=small)
     lib_metrics = manifest["metrics"]["library_retriever"]
+    # library requests all call a tool: no refusal head to train there, the cosine decides
+    assert Retriever.load(tmp_path / "artifact" / "library_retriever").refusal is None
     assert lib_metrics["train_examples"] > 0 and "recall@1" in lib_metrics["validation"]
     joint = Retriever.load(tmp_path / "artifact" / "retriever")
     per_function = Retriever.load(tmp_path / "artifact" / "library_retriever")

@@ -35,6 +35,7 @@ def test_every_sentence_gets_its_best_tool():
     # both tools asked for score 1 (each is the best of its sentence); the others score lower
     assert scores[0] == scores[1] == 1.0 and scores[2] < 1 and scores[3] < 1
     assert torch.equal(index.scores("zzz qqq"), torch.zeros(4))  # no word matches
+    assert torch.equal(index.scores("What is it? Is it this one?"), torch.zeros(4))  # stopwords only
     assert index.batch_scores(["book a hotel", "zzz"]).shape == (2, 4)
     with pytest.raises(ValueError):
         LexicalIndex([])

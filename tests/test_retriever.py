@@ -11,6 +11,7 @@ from hyfunc.cascade.retriever import (
     evaluate,
     exact_set_accuracy,
     info_nce_loss,
+    new_retriever,
     recall_at_k,
     refusal_accuracy,
     select_indices,
@@ -85,9 +86,9 @@ def test_select_rule():
     assert select_indices([0.45, 0.4], threshold=0.5, refusal_threshold=0.3, top_k=8) == [0]  # at least the best
     assert select_indices([0.9, 0.8, 0.7], threshold=0.5, refusal_threshold=0.3, top_k=2) == [0, 1]  # cap
     assert select_indices([], threshold=0.5, refusal_threshold=-1.0, top_k=2) == []
-    # with a lexical part, refusal looks at the cosine alone
-    assert select_indices([1.6, 0.9], threshold=0.5, refusal_threshold=0.3, top_k=8, refusal_scores=[0.2, 0.1]) == []
-    assert select_indices([1.6, 0.9], threshold=1.0, refusal_threshold=0.3, top_k=8, refusal_scores=[0.1, 0.4]) == [0]
+    # given an answerability (best cosine without the lexical part, or the refusal head's logit), refusal looks at it alone
+    assert select_indices([1.6, 0.9], threshold=0.5, refusal_threshold=0.3, top_k=8, answerability=0.2) == []
+    assert select_indices([1.6, 0.9], threshold=1.0, refusal_threshold=0.3, top_k=8, answerability=0.4) == [0]
 
 
 def test_below_threshold_query_is_refused(trained):
@@ -139,3 +140,55 @@ def test_metrics():
     assert exact_set_accuracy([[0], [1]], [[0], []]) == 0.5
     assert refusal_accuracy([[0], [], [1]], [[0], [], []]) == 0.5
     assert math.isnan(refusal_accuracy([[0]], [[0]]))
+
+
+def separable_refusals(n: int, seed: int) -> RetrievalData:
+    """The toy set with its no-call requests moved along one direction of the query space: what a
+    linear refusal head can learn (the toy set's own refusals are random points, not separable)."""
+    data = toy_data(n, seed)
+    shift = torch.zeros(QD)
+    shift[0] = 4.0
+    queries = data.queries.clone()
+    for i, pos in enumerate(data.positives):
+        if not pos:
+            queries[i] += shift
+    return RetrievalData(queries, data.functions, data.candidates, data.positives, data.keys)
+
+
+def test_refusal_head_learns_what_the_cosine_cannot():
+    model = Retriever(RetrieverConfig(query_dim=QD, function_dim=FD, proj_dim=16, mlp_hidden=32, refusal_head=True))
+    train_retriever(model, separable_refusals(300, seed=1), epochs=10, batch_size=16, lr=3e-3, seed=0)
+    result = calibrate(model, separable_refusals(100, seed=2))
+    metrics = evaluate(model, separable_refusals(200, seed=3))
+    assert result["refusal_balanced_accuracy"] > 0.95
+    assert metrics["refusal_accuracy"] > 0.9
+    # ... and the call examples are answered: exact-set accuracy would collapse if they were refused
+    assert metrics["exact_set_accuracy"] > 0.7
+    test = separable_refusals(20, seed=4)
+    for i in range(len(test)):
+        q, f = test.queries[i], test.functions[test.candidates[i]]
+        logit = float(model.answerability(q, [model.scores(q, f)]))
+        assert (model.select(q, f) == []) == (logit < model.config.refusal_threshold)
+
+
+def test_refusal_head_needs_both_kinds_of_example():
+    model = Retriever(RetrieverConfig(query_dim=QD, function_dim=FD, proj_dim=8, refusal_head=True))
+    with pytest.raises(ValueError, match="both with and without a call"):
+        data = toy_data(30, seed=1)
+        train_retriever(model, data.subset([i for i, pos in enumerate(data.positives) if pos]), epochs=1)
+
+
+def test_refusal_head_survives_save_and_load(tmp_path):
+    model = Retriever(RetrieverConfig(query_dim=QD, function_dim=FD, proj_dim=8, refusal_head=True))
+    train_retriever(model, separable_refusals(60, seed=1), epochs=2)
+    model.save(tmp_path / "r")
+    loaded = Retriever.load(tmp_path / "r")
+    q = separable_refusals(10, seed=5).queries
+    assert loaded.refusal is not None and torch.equal(model.answerability(q, []), loaded.answerability(q, []))
+
+
+def test_new_retriever_does_not_depend_on_earlier_random_draws():
+    first, _ = new_retriever(QD, {"proj_dim": 8}, seed=3)
+    torch.rand(1000)  # anything else drawing from the global generator in between
+    second, _ = new_retriever(QD, {"proj_dim": 8}, seed=3)
+    assert all(torch.equal(a, b) for a, b in zip(first.state_dict().values(), second.state_dict().values()))

@@ -70,6 +70,8 @@ class LexicalIndex:
         """(n_tools,) in [0, 1]: the max over sentences of BM25 / that sentence's best (0: no word matches)."""
         best = np.zeros(self.size, dtype=np.float32)
         for words in _tokens(sentences(request)):
+            if not words:  # stopwords only ("What is it?"): nothing to match, and bm25s rejects it
+                continue
             raw = self._bm25.get_scores(words)
             if raw.max() > 0:
                 best = np.maximum(best, raw / raw.max())

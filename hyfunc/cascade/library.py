@@ -120,8 +120,8 @@ def train_library_retriever(
         return library_retrieval_data(tokens, functions, examples, library, lexical if with_lexical else None)
 
     # Every example's candidates are the whole library, so each step projects all of it: larger
-    # batches (fewer steps) keep an epoch cheap.
-    retriever, training = new_retriever(functions.shape[1], {"batch_size": 128, **options})
+    # batches (fewer steps) keep an epoch cheap. No refusal head: every example here calls a tool.
+    retriever, training = new_retriever(functions.shape[1], {"batch_size": 128, **options, "refusal_head": False}, seed)
     history = train_retriever(retriever, data(fit, with_lexical=False), seed=seed, **training)  # trains the cosine only
     val_data = data(val)
     metrics = {

@@ -48,7 +48,7 @@ class PrepareConfig:
     val_fraction: float = 0.1
     refusal_fraction: float = 0.15  # extra no-call examples of each kind (near miss, unrelated tools)
     shard_size: int = 64
-    retriever: dict = field(default_factory=lambda: {"proj_dim": 256, "mlp_hidden": 0, "epochs": 30, "lr": 1e-3})
+    retriever: dict = field(default_factory=lambda: {"proj_dim": 256, "mlp_hidden": 0, "epochs": 30, "lr": 1e-3, "refusal_head": True})
     sft_epochs: int = 1
     sft_lr: float = 2e-4
     sft_grad_accum: int = 8
@@ -128,7 +128,7 @@ def prepare_retriever(
     if (directory / "manifest.json").is_file():
         retriever = Retriever.load(directory)
         return retriever, retriever.meta.get("metrics", {})
-    retriever, training = new_retriever(hidden, options)
+    retriever, training = new_retriever(hidden, options, seed)
     history = train_retriever(retriever, train, seed=seed, **training)
     # The weight is fitted on the validation split, like the thresholds, rather than on training
     # examples held out of the projections: trained on 85 % of the examples, the projections gave

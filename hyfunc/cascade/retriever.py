@@ -12,10 +12,13 @@ another example is not a negative either.
 
 Selection rule over the offered functions; score = cosine similarity plus, with a lexical weight,
 a weighted lexical score of the request (lexical.py):
-- best cosine < refusal_threshold       -> []  ("no tool fits")
+- answerability < refusal_threshold     -> []  ("no tool fits")
 - otherwise the functions with score >= threshold, best first, at most top_k; at least the best one.
-Refusal looks at the cosine alone: the lexical part says which offered tool a request's words
-name, not whether any fits (normalised per sentence, some tool scores 1 whenever a word matches).
+Answerability is the logit of the refusal head where one is trained (`refusal_head`: a linear
+"does a tool fit?" classifier on the soft token, the large model's state just before it would
+answer, trained on the examples with and without a call), else the best cosine. Never the lexical
+part: it says which offered tool a request's words name, not whether any fits (normalised per
+sentence, some tool scores 1 whenever a word matches).
 Both thresholds are chosen on a validation split (see `calibrate`): the refusal threshold for the
 balanced accuracy of refusing, the keep threshold for exact-set accuracy of the calls.
 """
@@ -50,7 +53,8 @@ class RetrieverConfig:
     temperature: float = 0.07
     top_k: int = 8  # cap on selected functions (parallel calls need several)
     threshold: float = 0.5  # keep functions at or above this score
-    refusal_threshold: float = -1.0  # best cosine below this: refuse (-1: never refuse)
+    refusal_threshold: float = -1.0  # answerability below this: refuse (-1 on the cosine: never refuse)
+    refusal_head: bool = False  # answerability from a trained classifier on the soft token, not the best cosine
     lexical_weight: float = 0.0  # weight of the request's BM25 score added to the cosine (lexical.py)
 
 
@@ -114,6 +118,8 @@ class Retriever(nn.Module):
         for name, dim in (("query", config.query_dim), ("function", config.function_dim)):
             self.register_buffer(f"{name}_mean", torch.zeros(dim))
             self.register_buffer(f"{name}_std", torch.ones(dim))
+        # Logit of "some offered tool fits", on the normalised soft token (see `train_refusal_head`).
+        self.refusal = nn.Linear(config.query_dim, 1) if config.refusal_head else None
 
     def set_normalization(self, queries: torch.Tensor, functions: torch.Tensor) -> None:
         for name, x in (("query", queries), ("function", functions)):
@@ -142,6 +148,15 @@ class Retriever(nn.Module):
         self.train(was_training)
         return self.fuse(out, lexical)
 
+    @torch.no_grad()
+    def answerability(self, query_vecs: torch.Tensor, cosines: Sequence[torch.Tensor]) -> torch.Tensor:
+        """(N,) how well some offered tool fits each request (refused below refusal_threshold): the
+        refusal head's logit if there is one, else the best cosine (-inf with nothing offered).
+        `query_vecs` (N, query_dim) are soft tokens, `cosines[i]` request i's cosines."""
+        if self.refusal is not None:
+            return self.refusal((query_vecs.float().reshape(-1, self.config.query_dim) - self.query_mean) / self.query_std).squeeze(-1)
+        return torch.tensor([float(c.max()) if len(c) else -math.inf for c in cosines])
+
     def fuse(self, cosine: torch.Tensor, lexical: torch.Tensor | None) -> torch.Tensor:
         if lexical is None or self.config.lexical_weight == 0:
             return cosine
@@ -150,11 +165,11 @@ class Retriever(nn.Module):
     def select(self, query_vec: torch.Tensor, function_vecs: torch.Tensor, lexical: torch.Tensor | None = None) -> list[int]:
         """Indices of the functions to offer, best first; [] means refuse."""
         cosine = self.scores(query_vec, function_vecs)
-        return self.select_from_scores(self.fuse(cosine, lexical), cosine)
+        return self.select_from_scores(self.fuse(cosine, lexical), float(self.answerability(query_vec, [cosine])))
 
-    def select_from_scores(self, scores: torch.Tensor | Sequence[float], cosine: torch.Tensor | Sequence[float] | None = None) -> list[int]:
-        """The rule on precomputed scores; `cosine` (default: `scores`) decides refusal."""
-        return select_indices(scores, self.config.threshold, self.config.refusal_threshold, self.config.top_k, cosine)
+    def select_from_scores(self, scores: torch.Tensor | Sequence[float], answerability: float | None = None) -> list[int]:
+        """The rule on precomputed scores and answerability (default: the best score)."""
+        return select_indices(scores, self.config.threshold, self.config.refusal_threshold, self.config.top_k, answerability)
 
     # -- persistence: a directory = manifest.json + retriever.safetensors ---------------------
     def save(self, directory: str | Path, meta: dict[str, Any] | None = None) -> Path:
@@ -191,11 +206,10 @@ class Retriever(nn.Module):
 
 def select_indices(
     scores: torch.Tensor | Sequence[float], threshold: float, refusal_threshold: float, top_k: int,
-    refusal_scores: torch.Tensor | Sequence[float] | None = None,
+    answerability: float | None = None,
 ) -> list[int]:
     s = torch.as_tensor(scores, dtype=torch.float32).flatten()
-    r = s if refusal_scores is None else torch.as_tensor(refusal_scores, dtype=torch.float32).flatten()
-    if len(s) == 0 or float(r.max()) < refusal_threshold:
+    if len(s) == 0 or (float(s.max()) if answerability is None else answerability) < refusal_threshold:
         return []
     order = torch.argsort(s, descending=True, stable=True).tolist()
     keep = [i for i in order[:top_k] if float(s[i]) >= threshold]
@@ -237,11 +251,14 @@ def info_nce_loss(model: Retriever, data: RetrievalData, batch: Sequence[int]) -
 TRAINING_OPTIONS = ("epochs", "batch_size", "lr", "weight_decay")
 
 
-def new_retriever(hidden: int, options: dict) -> tuple[Retriever, dict]:
+def new_retriever(hidden: int, options: dict, seed: int = 0) -> tuple[Retriever, dict]:
     """(untrained retriever, `train_retriever` keyword arguments) from one options dict that mixes
     RetrieverConfig fields and training settings (TRAINING_OPTIONS)."""
     training = {k: v for k, v in options.items() if k in TRAINING_OPTIONS}
     config = RetrieverConfig(query_dim=hidden, function_dim=hidden, **{k: v for k, v in options.items() if k not in training})
+    # Seeded here, not only in training: the initial weights would otherwise depend on whatever
+    # drew random numbers earlier in the process, and so would the trained retriever.
+    torch.manual_seed(seed)
     return Retriever(config), training
 
 
@@ -254,7 +271,8 @@ def train_retriever(
     weight_decay: float = 0.01,
     seed: int = 0,
 ) -> list[float]:
-    """AdamW on InfoNCE; returns the mean loss of each epoch. Sets input normalisation first."""
+    """AdamW on InfoNCE; returns the mean loss of each epoch. Sets input normalisation first and
+    trains the refusal head last (if the config has one)."""
     torch.manual_seed(seed)
     rng = random.Random(seed)
     used = sorted({j for cand in data.candidates for j in cand})
@@ -277,8 +295,36 @@ def train_retriever(
             n = sum(len(data.positives[i]) for i in batch)
             total, pairs = total + loss.item() * n, pairs + n
         history.append(total / max(pairs, 1))
+    if model.refusal is not None:
+        train_refusal_head(model, data)
     model.eval()
     return history
+
+
+def train_refusal_head(model: Retriever, data: RetrievalData, l2: float = 1e-3) -> None:
+    """Fit the refusal head: L2-regularised logistic regression of "the example calls a tool" on
+    the normalised soft tokens, both classes weighted equally (no-call examples are the minority),
+    solved by L-BFGS from zero (deterministic)."""
+    offered = [i for i, cand in enumerate(data.candidates) if cand]  # nothing offered: nothing to decide
+    labels = torch.tensor([1.0 if data.positives[i] else 0.0 for i in offered])
+    if len(offered) == 0 or labels.min() == labels.max():
+        raise ValueError("the refusal head needs training examples both with and without a call")
+    x = (data.queries[offered].float() - model.query_mean) / model.query_std
+    share = labels.mean()
+    weights = torch.where(labels > 0, 0.5 / share, 0.5 / (1 - share))
+    head = model.refusal
+    nn.init.zeros_(head.weight)
+    nn.init.zeros_(head.bias)
+    optimizer = torch.optim.LBFGS(head.parameters(), max_iter=200, line_search_fn="strong_wolfe")
+
+    def closure() -> torch.Tensor:
+        optimizer.zero_grad()
+        logits = head(x).squeeze(-1)
+        loss = F.binary_cross_entropy_with_logits(logits, labels, weight=weights) + l2 * head.weight.square().sum()
+        loss.backward()
+        return loss
+
+    optimizer.step(closure)
 
 
 @torch.no_grad()
@@ -310,7 +356,7 @@ def _plateau_middle(values: np.ndarray) -> int:
 def calibrate(model: Retriever, val: RetrievalData, grid_size: int = 201) -> dict[str, float]:
     """Set refusal_threshold and threshold from `val`, as two separate decisions; returns the result.
 
-    - refusal_threshold r (on the best cosine): the balanced accuracy of "refuse or not", i.e. the
+    - refusal_threshold r (on the answerability): the balanced accuracy of "refuse or not", i.e. the
       mean of the share of no-call examples refused and the share of call examples answered. (Maximising exact-set
       accuracy instead rewards refusing any call example whose selection would not be exact,
       although the small model would still answer many of them right: it over-refused.)
@@ -322,24 +368,23 @@ def calibrate(model: Retriever, val: RetrievalData, grid_size: int = 201) -> dic
     k = model.config.top_k
     n = len(scores)
     grid = _grid(torch.cat([s for s in scores if len(s)]).numpy() if n else np.zeros(0), grid_size)
-    best = np.full(n, -np.inf)  # best cosine: what refusal looks at
+    answerable = model.answerability(val.queries, cosines).numpy() if n else np.zeros(0)  # what refusal looks at
     gold_n = np.zeros(n, dtype=int)
     top_ok = np.zeros(n, dtype=bool)
     counts = np.zeros((n, len(grid)), dtype=int)  # how many candidates score >= t
-    for i, (s, c, cand, pos) in enumerate(zip(scores, cosines, val.candidates, val.positives)):
+    for i, (s, cand, pos) in enumerate(zip(scores, val.candidates, val.positives)):
         if len(s) == 0:
             continue
         s = s.numpy()
         order = np.argsort(-s, kind="stable")
-        best[i] = float(c.max())
         gold = {cand.index(p) for p in pos}
         gold_n[i] = len(gold)
         top_ok[i] = set(order[: len(gold)].tolist()) == gold
         counts[i] = (s[None, :] >= grid[:, None]).sum(1)
-    offered = best > -np.inf  # an example without candidates has nothing to decide
+    offered = np.array([len(s) > 0 for s in scores], dtype=bool)  # without candidates nothing is decided
     calls, no_calls = offered & (gold_n > 0), offered & (gold_n == 0)
-    refusal_grid = _grid(best[offered], grid_size)
-    answered = best[None, :] >= refusal_grid[:, None]  # (R, N): not refused at r
+    refusal_grid = _grid(answerable[offered], grid_size)
+    answered = answerable[None, :] >= refusal_grid[:, None]  # (R, N): not refused at r
     parts = []
     if no_calls.any():
         parts.append((~answered & no_calls).sum(1) / no_calls.sum())
@@ -398,7 +443,8 @@ def evaluate(model: Retriever, data: RetrievalData, ks: Sequence[int] = (1, 3, 5
     scores = fuse_examples(model, data, cosines)
     ranked = [torch.argsort(s, descending=True, stable=True).tolist() for s in scores]
     gold = [[cand.index(p) for p in pos] for cand, pos in zip(data.candidates, data.positives)]
-    selected = [model.select_from_scores(s, c) for s, c in zip(scores, cosines)]
+    answerable = model.answerability(data.queries, cosines)
+    selected = [model.select_from_scores(s, float(a)) for s, a in zip(scores, answerable)]
     out = {f"recall@{k}": recall_at_k(ranked, gold, k) for k in ks}
     out["exact_set_accuracy"] = exact_set_accuracy(selected, gold)
     out["refusal_accuracy"] = refusal_accuracy(selected, gold)
