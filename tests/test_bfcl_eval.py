@@ -331,6 +331,10 @@ def test_side_by_side_interleaves_and_compares(tmp_path):
     retrieval = analysis["fast"]["retrieval"]
     assert retrieval["multiple"]["recall@1"] == 1.0 and retrieval["multiple"]["exact_set_accuracy"] == 1.0
     assert retrieval["irrelevance"]["refusal_accuracy"] == 1.0
+    assert retrieval["irrelevance"]["refused"] == 1.0 and retrieval["multiple"]["refused"] == 0.0
+    # a single run's own report carries its cascade figures too
+    single = (tmp_path / "fast" / "results.md").read_text()
+    assert summaries["fast"]["retrieval"]["multiple"]["recall@1"] == 1.0 and "## Retrieval on BFCL" in single
     with pytest.raises(ValueError, match="baseline"):
         report.compare_runs([dirs["fast"]], tmp_path / "cmp2", names=["fast"], baseline="nope")
 

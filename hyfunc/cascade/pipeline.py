@@ -210,7 +210,8 @@ class HyFuncMethod:
         with torch.no_grad():
             cosine = retriever.scores(encoding.soft_token, encoding.function_embeddings) if len(tools) else torch.empty(0)
         scores = retriever.fuse(cosine, lexical)
-        chosen = retriever.select_from_scores(scores, float(retriever.answerability(encoding.soft_token, [cosine]))) if len(tools) else []
+        answerable = float(retriever.answerability(encoding.soft_token, [cosine]))  # "no tool fits" below its threshold
+        chosen = retriever.select_from_scores(scores, answerable) if len(tools) else []
         selected = [tools[i] for i in chosen] if self.options.retriever else list(tools)
         timings["retrieve"] = time.perf_counter() - start
         # The best RANKING_SHOWN only: a per-function library has thousands of tools.

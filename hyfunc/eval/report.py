@@ -44,10 +44,14 @@ def summarize(records: Iterable[dict], categories: Sequence[str] | None = None) 
     cats = list(categories) if categories else sorted({r["category"] for r in records})
     per_cat = {c: _stats([r for r in records if r["category"] == c]) for c in cats}
     accs = [s["accuracy"] for s in per_cat.values() if s["accuracy"] is not None]
+    kept = [r for r in records if r["category"] in per_cat]
     return {
         "categories": per_cat,
-        OVERALL: _stats([r for r in records if r["category"] in per_cat]),
+        OVERALL: _stats(kept),
         "category_mean_accuracy": statistics.fmean(accs) if accs else None,
+        # cascade runs only (None otherwise): what the templating injected, what the retriever chose
+        "generated_tokens": generated_share(kept),
+        "retrieval": retrieval_metrics(kept),
     }
 
 
@@ -108,6 +112,9 @@ def write_reports(summary: dict, out_dir: str | Path) -> dict[str, Path]:
     if cm is not None:
         lines += [f"Unweighted mean of category accuracies: {100 * cm:.1f} %. "
                   "Latency is wall-clock per case, seconds.", ""]
+    cascade = {k: summary[k] for k in ("generated_tokens", "retrieval") if summary.get(k)}
+    if cascade:
+        lines += _analysis_markdown({meta.get("method", "method"): cascade}, None) + [""]
     paths["md"].write_text("\n".join(lines), encoding="utf-8")
     plot_accuracy_latency({meta.get("method", "method"): summary}, paths["png"])
     return paths
@@ -193,7 +200,8 @@ def generated_share(records: list[dict]) -> dict[str, Any] | None:
 
 def retrieval_metrics(records: list[dict], ks: Sequence[int] = (1, 3, 5)) -> dict[str, dict] | None:
     """Per category, the cascade's retrieval against the ground truth's function names: recall@k,
-    exact-set accuracy and, for the irrelevance categories, refusal accuracy."""
+    exact-set accuracy and, for the irrelevance categories, refusal accuracy; in every category the
+    share refused (no tool selected: false refusals where a call was due)."""
     from hyfunc.cascade.retriever import exact_set_accuracy, recall_at_k, refusal_accuracy
 
     with_ranking = [r for r in records if "ranking" in (r.get("details") or {})]
@@ -207,7 +215,7 @@ def retrieval_metrics(records: list[dict], ks: Sequence[int] = (1, 3, 5)) -> dic
             ranked.append(list(range(len(position))))
             gold.append(sorted({position[n] for n in r.get("gold_functions") or [] if n in position}))
             selected.append([position[n] for n in r["details"]["retrieved"]])
-        metrics: dict[str, Any] = {"n": len(ranked)}
+        metrics: dict[str, Any] = {"n": len(ranked), "refused": sum(not s for s in selected) / len(selected)}
         if any(gold):
             metrics.update({f"recall@{k}": recall_at_k(ranked, gold, k) for k in ks})
             metrics["exact_set_accuracy"] = exact_set_accuracy(selected, gold)
@@ -262,7 +270,7 @@ def _analysis_markdown(analysis: dict[str, dict], baseline: str | None) -> list[
     retrieval = next(((label, a["retrieval"]) for label, a in analysis.items() if a.get("retrieval")), None)
     if retrieval:
         label, per_cat = retrieval
-        keys = ["recall@1", "recall@3", "recall@5", "exact_set_accuracy", "refusal_accuracy"]
+        keys = ["recall@1", "recall@3", "recall@5", "exact_set_accuracy", "refusal_accuracy", "refused"]
         lines += ["", f"## Retrieval on BFCL ({label}; gold = the ground truth's function names)", "",
                   "| category | n | " + " | ".join(keys) + " |", "|---|---:|" + "---:|" * len(keys)]
         for cat, m in per_cat.items():
