@@ -1,4 +1,4 @@
-"""The trained default cascade shipped in hyfunc/data/cascade, on the real models (1.5B + 135M)."""
+"""The trained default cascade shipped in hyfunc/data/cascade, on the real models (its manifest names them)."""
 import json
 
 import pytest
