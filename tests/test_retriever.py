@@ -155,7 +155,7 @@ def separable_refusals(n: int, seed: int) -> RetrievalData:
     return RetrievalData(queries, data.functions, data.candidates, data.positives, data.keys)
 
 
-def test_refusal_head_learns_what_the_cosine_cannot():
+def test_refusal_head_learns_to_refuse_and_the_rule_follows_it():
     model = Retriever(RetrieverConfig(query_dim=QD, function_dim=FD, proj_dim=16, mlp_hidden=32, refusal_head=True))
     train_retriever(model, separable_refusals(300, seed=1), epochs=10, batch_size=16, lr=3e-3, seed=0)
     result = calibrate(model, separable_refusals(100, seed=2))
@@ -173,8 +173,8 @@ def test_refusal_head_learns_what_the_cosine_cannot():
 
 def test_refusal_head_needs_both_kinds_of_example():
     model = Retriever(RetrieverConfig(query_dim=QD, function_dim=FD, proj_dim=8, refusal_head=True))
+    data = toy_data(30, seed=1)
     with pytest.raises(ValueError, match="both with and without a call"):
-        data = toy_data(30, seed=1)
         train_retriever(model, data.subset([i for i, pos in enumerate(data.positives) if pos]), epochs=1)
 
 
