@@ -132,7 +132,7 @@ def prepare_retriever(
     history = train_retriever(retriever, train, seed=seed, **training)
     # The weight is fitted on the validation split, like the thresholds, rather than on training
     # examples held out of the projections: trained on 85 % of the examples, the projections gave
-    # lower cosines on BFCL's requests, and the refusal threshold (on the cosine) refused nearly all.
+    # lower cosines on BFCL's requests (with refusal then a threshold on the cosine, it refused nearly all).
     # Lists are short: the weight that best ranks each example's gold tools into its top |gold|.
     lexical_fit = fit_lexical_weight(retriever, val, k=None)
     calibration = calibrate(retriever, val)
