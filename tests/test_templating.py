@@ -304,3 +304,37 @@ def test_required_call_overrides_a_model_that_prefers_no_call(backend):
     check_output(backend, out, TOOLS)
     assert len(out.calls) == 1  # and then ']' ends the list
     assert dec.decode(w.start("x"), [], require_call=True).text == "[]"  # nothing offered: nothing to call
+
+
+def _scalars(v):
+    """String contents and number spellings of a value, as a request would mention them."""
+    if isinstance(v, str):
+        yield v
+    elif isinstance(v, (int, float)) and not isinstance(v, bool):
+        yield json.dumps(v)
+    elif isinstance(v, dict):
+        for x in v.values():
+            yield from _scalars(x)
+    elif isinstance(v, list):
+        for x in v:
+            yield from _scalars(x)
+
+
+def test_copy_drafts_save_passes_without_changing_the_output():
+    backend = tiny_backend(seed=1)
+    dec = TemplateDecoder(backend, max_calls=3, max_string_tokens=12, max_array_items=3)
+    prompt = backend.encode("What is the weather like in Paris today?")
+    plain = dec.decode(backend.forward(ids=prompt), TOOLS)
+    assert plain.drafted_tokens == 0
+    # A source holding the values the model writes anyway: its drafts are the model's own choices.
+    source = " | ".join(s for c in plain.calls for s in _scalars(c.arguments))
+    assert len(source) > 20
+    copied = dec.decode(backend.forward(ids=prompt), TOOLS, draft_source=source)
+    assert copied.text == plain.text and copied.token_ids == plain.token_ids
+    assert copied.generated_tokens == plain.generated_tokens
+    assert 0 < copied.accepted_draft_tokens <= copied.drafted_tokens
+    assert copied.forward_calls < plain.forward_calls
+    # Drafts the model disagrees with cost nothing in the output either (rejected, cropped).
+    wrong = dec.decode(backend.forward(ids=prompt), TOOLS, draft_source=source[::-1] + source.upper())
+    assert wrong.text == plain.text and wrong.token_ids == plain.token_ids
+    check_output(backend, copied, TOOLS)

@@ -82,7 +82,7 @@ def prompt_embeds(
     if soft_token is not None:
         if projector is None:
             raise ValueError("a soft token needs a projector")
-        parts.append(projector(soft_token.to(device, table.weight.dtype)).unsqueeze(0))
+        parts.append(projector(soft_token.to(device, projector.proj.weight.dtype)).to(table.weight.dtype).unsqueeze(0))
     if prompt.after_ids:
         parts.append(table(torch.tensor(prompt.after_ids, device=device)))
     return torch.cat(parts)

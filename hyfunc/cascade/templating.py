@@ -25,6 +25,13 @@ Boilerplate (``[{"name": "``, the rest of a name once its prefix is unique, ``",
 ``"key": ``, punctuation) is never sampled: it is buffered as text and run through the model in
 one forward pass together with the last generated token, when the next decision needs logits.
 
+Copy drafting: string and number values are mostly spans of the request, so inside one the
+decoder looks the value written so far up in `draft_source` and runs the tokens that follow it there
+through the model together with the pending tokens, in one pass (on a CPU a pass over a few
+tokens costs about as much as over one). A drafted token is kept only if it is the constrained
+argmax at its position, exactly as if it had been stepped; the first mismatch is replaced by the
+model's choice and the rest is cropped from the cache.
+
 Three kinds of decision, all by the model's logits:
 
 - *step*: argmax over an allowed token set; the token is emitted and fed ("generated").
@@ -55,8 +62,9 @@ from __future__ import annotations
 import json
 import math
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 
@@ -82,9 +90,13 @@ class TemplatedOutput:
     forward_calls: int  # model forward passes run by the decoder
     seconds: float  # wall time of `decode`
     forward_seconds: float = 0.0  # of which in model forward passes
+    drafted_tokens: int = 0  # string tokens proposed by copying from `draft_source`
+    accepted_draft_tokens: int = 0  # of which the model's own greedy choice (no pass of their own)
 
 
 _MISSING = object()
+_DRAFT_MATCH_CHARS = 32  # longest piece of a string value looked up in the draft source
+_DRAFT_LOOKAHEAD_CHARS = 64  # source text after the match that drafts are tokenized from
 
 # ---------------------------------------------------------------------------------------------
 # Vocabulary tables, computed once per (tokenizer, size)
@@ -291,13 +303,15 @@ def _dumps(value: Any) -> str:
 
 
 class _Session:
-    def __init__(self, dec: TemplateDecoder, vocab: _Vocab, step: StepOutput | None, teacher: bool):
+    def __init__(
+        self, dec: TemplateDecoder, vocab: _Vocab, step: StepOutput | None, teacher: bool, draft_source: str = ""
+    ):
         self.dec = dec
         self.vocab = vocab
         self.teacher = teacher
         self.backend = dec.backend
         self.cache = step.cache if step is not None else None
-        self.logits = step.logits if step is not None else None
+        self.logits = self._fit(step.logits) if step is not None else None
         self.text_parts: list[str] = []
         self.ids: list[int] = []
         self.generated: list[bool] = []
@@ -307,6 +321,15 @@ class _Session:
         self.decision_pending = False
         self.forward_calls = 0
         self.forward_seconds = 0.0
+        # Copy drafting (see `_draft`): the kind of scalar value being written ("string" or
+        # "number"; None elsewhere), its text so far, and the drafted tokens already in the
+        # cache, each with the logits after it.
+        self.draft_source = draft_source
+        self.draft_kind: str | None = None
+        self.value_so_far = ""
+        self.ahead: list[tuple[int, torch.Tensor]] = []
+        self.drafted = 0
+        self.accepted = 0
 
     # -- emission --------------------------------------------------------------------------
     def _append(self, tid: int, generated: bool) -> None:
@@ -314,7 +337,62 @@ class _Session:
         self.generated.append(generated)
         self.decision.append(generated or self.decision_pending)
         self.decision_pending = False
+        if self.ahead and not self.feed and tid == self.ahead[0][0]:
+            _, self.logits = self.ahead.pop(0)  # already in the cache: no pass of its own
+            self.accepted += 1
+            return
+        self._drop_ahead()
         self.feed.append(tid)
+
+    def _drop_ahead(self) -> None:
+        """Remove the drafted tokens that were not emitted from the cache."""
+        if self.ahead:
+            self.cache.crop(-len(self.ahead))
+            self.ahead = []
+
+    @contextmanager
+    def drafting(self, kind: str) -> Iterator[None]:
+        """While a string's content or a number is written, drafts may be copied for it."""
+        self.draft_kind, self.value_so_far = kind, ""
+        try:
+            yield
+        finally:
+            self.draft_kind = None
+
+    def _draft(self) -> list[int]:
+        """Tokens likely to continue the value being written, copied from `draft_source`.
+
+        Argument values are mostly spans of the request: find the longest recent piece of the
+        value (at least 3 characters, or all of it) in the source and propose what follows it
+        there, up to the first character the value cannot hold. The drafts run through the model
+        with the pending tokens in one pass; each is kept only while it is the model's own
+        constrained greedy choice, so the output is the same as without drafting (up to float
+        rounding of the batched pass).
+        """
+        text, source = self.value_so_far, self.draft_source
+        if not text or not source or self.draft_kind is None or self.dec.max_draft_tokens < 1:
+            return []
+        at, n = -1, min(len(text), _DRAFT_MATCH_CHARS)
+        while n >= min(len(text), 3) and (at := source.find(text[-n:])) < 0:
+            n -= 1
+        if at < 0:
+            return []
+        rest = source[at + n : at + n + _DRAFT_LOOKAHEAD_CHARS]
+        if self.draft_kind == "number":
+            cut = next((i for i, ch in enumerate(rest) if ch not in _NUM_CHARS), None)
+        else:  # string content: up to a character that would need escaping
+            cut = next((i for i, ch in enumerate(rest) if ch in '"\\' or ord(ch) < 0x20), None)
+        ids = self.backend.encode(rest[:cut])
+        if cut is None and len(rest) == _DRAFT_LOOKAHEAD_CHARS:
+            ids = ids[:-1]  # the last token may be cut short
+        return ids[: self.dec.max_draft_tokens]
+
+    def _fit(self, logits: torch.Tensor) -> torch.Tensor:
+        """Logits over exactly the vocabulary tables' size (extra rows dropped, missing ones -inf)."""
+        logits = logits[: self.vocab.size]
+        if logits.shape[0] < self.vocab.size:
+            logits = torch.cat([logits, logits.new_full((self.vocab.size - logits.shape[0],), -math.inf)])
+        return logits
 
     def inject(self, text: str) -> None:
         if text:
@@ -330,21 +408,26 @@ class _Session:
     def _current_logits(self) -> torch.Tensor:
         self._flush_text()
         if self.feed:
+            draft = self._draft()
             start = time.perf_counter()
-            out = self.backend.forward(ids=self.feed, cache=self.cache)
+            if draft:
+                out = self.backend.forward(ids=self.feed + draft, cache=self.cache, logits_to_keep=len(draft) + 1)
+                rows = out.tail_logits
+                self.ahead = [(tid, self._fit(rows[i + 1])) for i, tid in enumerate(draft)]
+                self.drafted += len(draft)
+                self.logits = self._fit(rows[0])
+            else:
+                out = self.backend.forward(ids=self.feed, cache=self.cache)
+                self.logits = self._fit(out.logits)
             self.forward_seconds += time.perf_counter() - start
             self.forward_calls += 1
             self.cache = out.cache
-            self.logits = out.logits[: self.vocab.size]
             self.feed = []
-        logits = self.logits
-        if logits.shape[0] < self.vocab.size:
-            logits = torch.cat([logits, logits.new_full((self.vocab.size - logits.shape[0],), -math.inf)])
-            self.logits = logits
-        return logits
+        return self.logits
 
     def finish(self) -> None:
         self._flush_text()  # the last tokens are counted but not run through the model
+        self._drop_ahead()
         self.feed = []
 
     @property
@@ -605,19 +688,21 @@ class _Walker:
         s.inject('"')
         target = _dumps(gold)[1:] if self.teacher else None  # content + closing quote
         n, state = 0, 0
-        while True:
-            if self.teacher or n < self.dec.max_string_tokens:
-                allowed = v.str_any[state]
-            else:  # over the cap: close now (after finishing an open escape)
-                allowed = v.str_closing[0] if state == 0 else v.str_safe[1]
-            piece = s.step(allowed, target)
-            tid = s.ids[-1]
-            n += 1
-            if self.teacher:
-                target = target[len(piece):]
-            if v.str_closing[state][tid]:
-                return  # a closing token: content (maybe empty) then the quote
-            state = 1 if v.str_open[state][tid] else 0
+        with s.drafting("string"):
+            while True:
+                if self.teacher or n < self.dec.max_string_tokens:
+                    allowed = v.str_any[state]
+                else:  # over the cap: close now (after finishing an open escape)
+                    allowed = v.str_closing[0] if state == 0 else v.str_safe[1]
+                piece = s.step(allowed, target)
+                tid = s.ids[-1]
+                n += 1
+                if self.teacher:
+                    target = target[len(piece):]
+                if v.str_closing[state][tid]:
+                    return  # a closing token: content (maybe empty) then the quote
+                s.value_so_far += piece
+                state = 1 if v.str_open[state][tid] else 0
 
     def number(self, integer: bool, gold: Any, where: str) -> None:
         s, v = self.s, self.v
@@ -627,20 +712,22 @@ class _Walker:
                 raise TemplateError(f"{where}: {gold!r} has no JSON spelling")
             target = _dumps(gold)
         state, length = "start", 0
-        while True:
-            mask, nxt = v.number_step(integer, state)
-            if state in _ACCEPT:
-                if length >= self.dec.max_number_chars and not self.teacher:
-                    return
-                if s.peek([mask, v.terminators], (1 if not target else 0) if self.teacher else None) == 1:
-                    return
-                s.decision_pending = False  # continuing: the next token is generated
-            piece = s.step(mask, target)
-            tid = s.ids[-1]
-            state = nxt[tid]
-            length += len(piece)
-            if self.teacher:
-                target = target[len(piece):]
+        with s.drafting("number"):
+            while True:
+                mask, nxt = v.number_step(integer, state)
+                if state in _ACCEPT:
+                    if length >= self.dec.max_number_chars and not self.teacher:
+                        return
+                    if s.peek([mask, v.terminators], (1 if not target else 0) if self.teacher else None) == 1:
+                        return
+                    s.decision_pending = False  # continuing: the next token is generated
+                piece = s.step(mask, target)
+                tid = s.ids[-1]
+                state = nxt[tid]
+                length += len(piece)
+                s.value_so_far += piece
+                if self.teacher:
+                    target = target[len(piece):]
 
     def array(self, items: Param | None, gold: Any, where: str, depth: int) -> None:
         s = self.s
@@ -747,6 +834,7 @@ class TemplateDecoder:
         max_array_items: int = 16,
         max_number_chars: int = 24,
         max_any_depth: int = 2,
+        max_draft_tokens: int = 8,
     ):
         if max_calls < 1:
             raise ValueError("max_calls must be >= 1")
@@ -756,6 +844,7 @@ class TemplateDecoder:
         self.max_array_items = max(1, max_array_items)
         self.max_number_chars = max_number_chars
         self.max_any_depth = max_any_depth
+        self.max_draft_tokens = max_draft_tokens
         self._vocab: _Vocab | None = None
 
     def vocab(self, size: int | None = None) -> _Vocab:
@@ -765,12 +854,16 @@ class TemplateDecoder:
             self._vocab = _vocab_for(self.backend.tokenizer, size)
         return self._vocab
 
-    def decode(self, step: StepOutput, tools: Sequence[Tool], require_call: bool = False) -> TemplatedOutput:
+    def decode(
+        self, step: StepOutput, tools: Sequence[Tool], require_call: bool = False, draft_source: str = ""
+    ) -> TemplatedOutput:
         """`require_call`: at least one call when `tools` is not empty (the caller has already
-        decided that a tool fits, e.g. the retriever); otherwise ``[]`` is the model's choice."""
+        decided that a tool fits, e.g. the retriever); otherwise ``[]`` is the model's choice.
+        `draft_source`: text that string values are likely copied from (the request); drafts
+        from it are verified by the model, so they change the speed, not the output."""
         start = time.perf_counter()
         vocab = self.vocab(int(step.logits.shape[-1]))
-        session = _Session(self, vocab, step, teacher=False)
+        session = _Session(self, vocab, step, teacher=False, draft_source=draft_source)
         _Walker(self, session, require_call).calls(list(tools), None)
         session.finish()
         text = session.text
@@ -786,6 +879,8 @@ class TemplateDecoder:
             forward_calls=session.forward_calls,
             seconds=time.perf_counter() - start,
             forward_seconds=session.forward_seconds,
+            drafted_tokens=session.drafted,
+            accepted_draft_tokens=session.accepted,
         )
 
     def target(self, calls: Sequence[Call], tools: Sequence[Tool]) -> tuple[list[int], list[bool], list[bool]]:
