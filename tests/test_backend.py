@@ -14,6 +14,18 @@ def test_hidden_states_shape_and_logits():
     assert out.cache.get_seq_length() == len(ids)
 
 
+def test_forward_matches_the_models_own_outputs_and_keeps_tail_logits():
+    backend = tiny_backend()
+    ids = backend.encode(PROMPT)
+    reference = backend.model(input_ids=torch.tensor([ids]), output_hidden_states=True)
+    first = backend.forward(ids=ids[:5])
+    assert first.tail_logits is None
+    rest = backend.forward(ids=ids[5:], cache=first.cache, logits_to_keep=3)
+    torch.testing.assert_close(rest.logits, reference.logits[0, -1], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(rest.tail_logits, reference.logits[0, -3:], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(rest.hidden, reference.hidden_states[-1][0, 5:], atol=1e-5, rtol=1e-5)
+
+
 def test_inputs_embeds_path_matches_ids_path():
     backend = tiny_backend()
     ids = backend.encode(PROMPT)

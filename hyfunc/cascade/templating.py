@@ -90,12 +90,12 @@ class TemplatedOutput:
     forward_calls: int  # model forward passes run by the decoder
     seconds: float  # wall time of `decode`
     forward_seconds: float = 0.0  # of which in model forward passes
-    drafted_tokens: int = 0  # string tokens proposed by copying from `draft_source`
+    drafted_tokens: int = 0  # value tokens proposed by copying from `draft_source`
     accepted_draft_tokens: int = 0  # of which the model's own greedy choice (no pass of their own)
 
 
 _MISSING = object()
-_DRAFT_MATCH_CHARS = 32  # longest piece of a string value looked up in the draft source
+_DRAFT_MATCH_CHARS = 32  # longest end piece of a value looked up in the draft source
 _DRAFT_LOOKAHEAD_CHARS = 64  # source text after the match that drafts are tokenized from
 
 # ---------------------------------------------------------------------------------------------
