@@ -212,7 +212,7 @@ def test_comma_bias_gives_parallel_calls_and_all_optional_keys(backend):
         return logits.index_fill(0, torch.tensor(brace), 50.0).index_fill(0, torch.tensor(comma), math.inf)
 
     w = Wrapped(backend, bias)
-    dec = TemplateDecoder(w, max_calls=3, max_string_tokens=4, max_array_items=2)
+    dec = TemplateDecoder(w, max_calls=3, max_string_tokens=4, max_array_items=2, stop_on_repeat=False)
     tools = TOOLS[:1]  # has a required key, so each optional key is offered as ', "key": '
     out = dec.decode(w.start("What is the weather?"), tools)
     check_output(backend, out, tools)
@@ -338,3 +338,28 @@ def test_copy_drafts_save_passes_without_changing_the_output():
     wrong = dec.decode(backend.forward(ids=prompt), TOOLS, draft_source=source[::-1] + source.upper())
     assert wrong.text == plain.text and wrong.token_ids == plain.token_ids
     check_output(backend, copied, TOOLS)
+
+
+def test_a_call_repeated_word_for_word_is_taken_back_and_the_list_closed(backend):
+    comma = ids_of(backend, ",")
+
+    def bias(logits, pos):  # ',' beats everything: another call after each, values cut short alike
+        return logits.index_fill(0, torch.tensor(comma), math.inf)
+
+    tools = TOOLS[1:2]  # "get", no arguments: every call is the same text
+    looping = TemplateDecoder(Wrapped(backend, bias), max_calls=4, stop_on_repeat=False)
+    looped = looping.backend.start("Get it.")
+    out = looping.decode(looped, tools, require_call=True)
+    assert [c.name for c in out.calls] == ["get"] * 4  # without the guard: repeats up to the cap
+    w = Wrapped(backend, bias)
+    guarded = TemplateDecoder(w, max_calls=4)
+    step = w.start("Get it.")
+    out = guarded.decode(step, tools, require_call=True)
+    check_output(backend, out, tools)
+    assert out.text == '[{"name": "get", "arguments": {}}]'
+    # The first call and the separator were run through the model to choose what follows; taking
+    # back returns the KV cache (extended in place) to where it stood before the separator, when
+    # the first call was still waiting to be fed: the prompt alone.
+    prompt_len = len(backend.encode("Get it."))
+    assert step.cache.get_seq_length() == prompt_len
+    assert looped.cache.get_seq_length() > prompt_len + len(out.token_ids)

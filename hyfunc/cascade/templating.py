@@ -12,7 +12,8 @@ The skeleton comes from the candidate tools' *schemas* only. The model (greedy, 
 restricted to what is allowed at that point) chooses:
 
 - whether to call anything (``[]`` is an option unless the caller requires a call), which offered tool (a trie over the
-  JSON-encoded names), how many calls (after each call ``, `` for another or ``]``; capped);
+  JSON-encoded names), how many calls (after each call ``, `` for another or ``]``; capped; a call repeated word for
+  word is a greedy loop: it is taken back and the list closed, unless ``stop_on_repeat=False``);
 - which optional parameters to fill (after the required keys are injected, a choice among the
   remaining optional keys, in schema order, or ``}``);
 - the values, under type constraints: string (free tokens that are valid JSON string content,
@@ -344,6 +345,23 @@ class _Session:
         self._drop_ahead()
         self.feed.append(tid)
 
+    def mark(self) -> tuple:
+        """The emission state, to `rewind` to later (model mode)."""
+        self._drop_ahead()
+        return (
+            len(self.ids), len(self.text_parts), self.pending_text, list(self.feed), self.logits,
+            self.cache.get_seq_length(), self.decision_pending,
+        )
+
+    def rewind(self, mark: tuple) -> None:
+        """Take back everything emitted since `mark`, from the output and from the KV cache."""
+        n_ids, n_parts, self.pending_text, feed, self.logits, cached, self.decision_pending = mark
+        self._drop_ahead()
+        del self.ids[n_ids:], self.generated[n_ids:], self.decision[n_ids:], self.text_parts[n_parts:]
+        self.feed = list(feed)
+        if (extra := self.cache.get_seq_length() - cached) > 0:
+            self.cache.crop(-extra)
+
     def _drop_ahead(self) -> None:
         """Remove the drafted tokens that were not emitted from the cache."""
         if self.ahead:
@@ -546,23 +564,37 @@ class _Walker:
             s.inject("]")
             return
         names = [_dumps(t.name)[1:] for t in tools]  # name content + closing quote
+        opener = '{"name": "'
         n = 0
         if self.require_call and not self.teacher:
-            s.inject('{"name": "')
-        elif s.choose(['{"name": "', "]"], (0 if gold else 1) if self.teacher else None) == 1:
+            s.inject(opener)
+        elif s.choose([opener, "]"], (0 if gold else 1) if self.teacher else None) == 1:
             return
+        written: list[str] = []  # the calls so far, as JSON text
+        before_separator = None
         while True:
+            start = len(s.text) - len(opener)
             g = gold[n] if self.teacher else None
             i = s.choose(names, [t.name for t in tools].index(g.name) if g is not None else None)
             tool = tools[i]
             s.inject(', "arguments": ')
             self.object_props(tool.parameters, tool.required, g.arguments if g is not None else _MISSING, tool.name)
             s.inject("}")
+            if not self.teacher and self.dec.stop_on_repeat:
+                call = s.text[start:]
+                if call in written:
+                    # Word for word an earlier call: greedy decoding has entered a loop (it would
+                    # go on to the cap). The repeat is taken back and the list closed.
+                    s.rewind(before_separator)
+                    s.inject("]")
+                    return
+                written.append(call)
             n += 1
             if n >= self.dec.max_calls and not self.teacher:
                 s.inject("]")
                 return
-            if s.choose([', {"name": "', "]"], (0 if n < len(gold) else 1) if self.teacher else None) == 1:
+            before_separator = s.mark() if not self.teacher else None
+            if s.choose([", " + opener, "]"], (0 if n < len(gold) else 1) if self.teacher else None) == 1:
                 return
 
     # -- values ----------------------------------------------------------------------------
@@ -835,6 +867,7 @@ class TemplateDecoder:
         max_number_chars: int = 24,
         max_any_depth: int = 2,
         max_draft_tokens: int = 8,
+        stop_on_repeat: bool = True,
     ):
         if max_calls < 1:
             raise ValueError("max_calls must be >= 1")
@@ -845,6 +878,7 @@ class TemplateDecoder:
         self.max_number_chars = max_number_chars
         self.max_any_depth = max_any_depth
         self.max_draft_tokens = max_draft_tokens
+        self.stop_on_repeat = stop_on_repeat
         self._vocab: _Vocab | None = None
 
     def vocab(self, size: int | None = None) -> _Vocab:
