@@ -151,7 +151,8 @@ class Backend:
         hidden = out.last_hidden_state[0]
         # The head gets a 2-D input: given a 3-D slice of several positions and frozen weights
         # (a merged adapter), matmul took a batched path that copied the whole vocabulary matrix
-        # on every call (0.6 s of a 0.8 s pass of the 0.5B model).
+        # on every call (0.6 s of a 0.8 s pass of the 0.5B model). Logit post-processing some
+        # model classes add (soft-capping, scaling) is monotonic: greedy choices are unchanged.
         logits = self.model.get_output_embeddings()(hidden[-logits_to_keep:]).float()
         return StepOutput(
             logits=logits[-1], hidden=hidden, cache=out.cache, tail_logits=logits if logits_to_keep > 1 else None
