@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from hyfunc.cascade.small_model import (
@@ -33,6 +34,9 @@ def test_soft_token_sits_right_after_the_request():
     # without a soft token the prompt is the plain rendered chat
     plain = build_small_prompt(backend, REQUEST, TOOLS, with_soft_token=False)
     assert plain.after_ids == [] and backend.decode(plain.before_ids).count(REQUEST) == 1
+    assert prompt_embeds(backend, projector, plain, None).shape == (len(plain), backend.hidden_size)
+    with pytest.raises(ValueError, match="without a slot"):
+        prompt_embeds(backend, projector, plain, soft)
 
 
 def test_training_the_projector_and_model_reduces_the_loss_on_generated_tokens_only():

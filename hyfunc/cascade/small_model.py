@@ -41,13 +41,14 @@ _SOFT_MARK = "<<hyfunc-soft-token-2b8e1d>>"
 class SmallPrompt:
     before_ids: list[int]  # everything up to the soft token (system, tools, request)
     after_ids: list[int]  # end of the user turn and the assistant generation prompt
+    soft_slot: bool = True  # False: a prompt without the soft token (the ablation), all in before_ids
 
     @property
     def soft_position(self) -> int:
         return len(self.before_ids)
 
     def __len__(self) -> int:
-        return len(self.before_ids) + 1 + len(self.after_ids)
+        return len(self.before_ids) + int(self.soft_slot) + len(self.after_ids)
 
 
 class SoftTokenProjector(nn.Module):
@@ -67,7 +68,7 @@ def build_small_prompt(backend: Backend, request: str, tools: Sequence[Tool], wi
     user = request + ("\n" + _SOFT_MARK if with_soft_token else "")
     text = backend.chat_prompt([{"role": "system", "content": system}, {"role": "user", "content": user}])
     if not with_soft_token:
-        return SmallPrompt(backend.encode(text), [])
+        return SmallPrompt(backend.encode(text), [], soft_slot=False)
     before, after = text.split(_SOFT_MARK)
     return SmallPrompt(backend.encode(before), backend.encode(after))
 
@@ -82,6 +83,8 @@ def prompt_embeds(
     if soft_token is not None:
         if projector is None:
             raise ValueError("a soft token needs a projector")
+        if not prompt.soft_slot:
+            raise ValueError("this prompt was built without a slot for the soft token")
         parts.append(projector(soft_token.to(device, projector.proj.weight.dtype)).to(table.weight.dtype).unsqueeze(0))
     if prompt.after_ids:
         parts.append(table(torch.tensor(prompt.after_ids, device=device)))
