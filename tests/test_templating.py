@@ -110,7 +110,7 @@ def check_output(backend, out, tools):
     data = json.loads(out.text)
     assert data == [{"name": c.name, "arguments": c.arguments} for c in out.calls]
     for c in out.calls:
-        assert all(math.isfinite(x) for x in _numbers(c.arguments))
+        assert all(math.isfinite(x) for x in _leaves(c.arguments) if isinstance(x, float))
     for c in out.calls:
         assert c.name in names
         assert argument_errors(c, tools) == [], (c, out.text)
@@ -123,15 +123,16 @@ def check_output(backend, out, tools):
     ]
 
 
-def _numbers(v):
-    if isinstance(v, float):
-        yield v
-    elif isinstance(v, dict):
+def _leaves(v):
+    """The scalar values inside a JSON value (strings, numbers, booleans, null), depth first."""
+    if isinstance(v, dict):
         for x in v.values():
-            yield from _numbers(x)
+            yield from _leaves(x)
     elif isinstance(v, list):
         for x in v:
-            yield from _numbers(x)
+            yield from _leaves(x)
+    else:
+        yield v
 
 
 def _keys(v, prefix=""):
@@ -306,20 +307,6 @@ def test_required_call_overrides_a_model_that_prefers_no_call(backend):
     assert dec.decode(w.start("x"), [], require_call=True).text == "[]"  # nothing offered: nothing to call
 
 
-def _scalars(v):
-    """String contents and number spellings of a value, as a request would mention them."""
-    if isinstance(v, str):
-        yield v
-    elif isinstance(v, (int, float)) and not isinstance(v, bool):
-        yield json.dumps(v)
-    elif isinstance(v, dict):
-        for x in v.values():
-            yield from _scalars(x)
-    elif isinstance(v, list):
-        for x in v:
-            yield from _scalars(x)
-
-
 def test_copy_drafts_save_passes_without_changing_the_output():
     backend = tiny_backend(seed=1)
     dec = TemplateDecoder(backend, max_calls=3, max_string_tokens=12, max_array_items=3)
@@ -327,7 +314,9 @@ def test_copy_drafts_save_passes_without_changing_the_output():
     plain = dec.decode(backend.forward(ids=prompt), TOOLS)
     assert plain.drafted_tokens == 0
     # A source holding the values the model writes anyway: its drafts are the model's own choices.
-    source = " | ".join(s for c in plain.calls for s in _scalars(c.arguments))
+    # As a request would mention them: string contents as they are, numbers spelled in JSON.
+    values = [x for c in plain.calls for x in _leaves(c.arguments) if x is not None and not isinstance(x, bool)]
+    source = " | ".join(x if isinstance(x, str) else json.dumps(x) for x in values)
     assert len(source) > 20
     copied = dec.decode(backend.forward(ids=prompt), TOOLS, draft_source=source)
     assert copied.text == plain.text and copied.token_ids == plain.token_ids
