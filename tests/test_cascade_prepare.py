@@ -7,6 +7,7 @@ import torch
 from hyfunc.cascade.pipeline import CascadeOptions, HyFuncMethod
 from hyfunc.cascade.prepare import PrepareConfig, prepare
 from hyfunc.cascade.retriever import Retriever
+from hyfunc.cascade.shards import read_shards
 from hyfunc.cascade.small_model import load_projector
 from hyfunc.cascade.soft_token import SoftTokenEncoder
 from hyfunc.formats.schema import parse_tools
@@ -44,9 +45,12 @@ def test_prepare_writes_every_artifact_resumes_and_serves(data_file, tmp_path):
     config = PrepareConfig(
         large_model="tiny-large", small_model="tiny-small", data=[str(data_file)], val_fraction=0.3,
         shard_size=4, retriever={"proj_dim": 16, "epochs": 3, "lr": 1e-2, "refusal_head": True}, sft_epochs=1, lora_rank=4, sft_grad_accum=2,
+        repeat_fraction=0.2,
     )
     out = tmp_path / "artifact"
     manifest = prepare(config, out, large=large, small=small)
+    embedded = {i for held, _ in read_shards(out / "embeddings") for i in held}
+    assert any("~and~" in i for i in embedded)  # repeated-call examples joined from the data
 
     for path in ("manifest.json", "retriever/manifest.json", "projector.safetensors", "adapter", "sft/state.json"):
         assert (out / path).exists(), path
@@ -237,6 +241,28 @@ def test_balanced_sample_and_refusal_examples():
     near = [ex for ex in extra if ex.source == "augmented-near-miss"]
     assert near and all("get_weather" not in {t.name for t in ex.tools} and ex.tools for ex in near)
     assert [ex.id for ex in augment_refusals(rows[:20], 0.5, seed=0)[20:]] == [ex.id for ex in extra]
+
+
+def test_repeated_call_examples_join_requests_for_the_same_tool(data_file):
+    from hyfunc.cascade.data import Example, call_pattern, load_examples, repeated_examples
+    from hyfunc.formats.calls import Call
+
+    pool = load_examples(data_file)
+    made = repeated_examples(pool, 12, seed=0)
+    by_id = {ex.id: ex for ex in pool}
+    assert made and len({ex.id for ex in made}) == len(made) <= 12
+    for ex in made:
+        parts = [by_id[i] for i in ex.id.split("~and~")]
+        assert 2 <= len(parts) <= 3 and call_pattern(ex) == "repeated"
+        assert ex.answers == [c for p in parts for c in p.answers]  # one call per request, in order
+        assert ex.query == " ".join(p.query for p in parts)
+        assert {c.name for c in ex.answers} <= {t.name for t in ex.tools}
+    assert [ex.id for ex in repeated_examples(pool, 12, seed=0)] == [ex.id for ex in made]
+
+    tools = parse_tools([WEATHER])
+    same = [Example(f"s{i}", "t", "q", tools, [Call("get_weather", {"city": "x"})]) for i in range(2)]
+    assert repeated_examples(same, 5, seed=0) == []  # the same call twice would teach a loop
+    assert repeated_examples(pool[:1] + [ex for ex in pool if not ex.answers], 5, seed=0) == []  # no pair
 
 
 def test_embeddings_are_cached_by_example_id(data_file, tmp_path):

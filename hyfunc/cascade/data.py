@@ -145,3 +145,30 @@ def augment_refusals(examples: list[Example], fraction: float, seed: int) -> lis
             key = f"{ex.id}~tools-of~{other.id}"
             extra[key] = Example(key, "augmented-unrelated", ex.query, tools, [])
     return examples + list(extra.values())
+
+
+def repeated_examples(pool: list[Example], n: int, seed: int) -> list[Example]:
+    """Up to `n` repeated-call examples (BFCL's parallel case) built from the data itself: each joins
+    two or three single-call requests of `pool` for the same tool (same schema), asked one after the
+    other; its answer is their calls in that order (`n` seeded draws; a draw that repeats an earlier
+    one or would repeat a call is dropped). fc-train has few requests that call one tool
+    several times; these teach the small model one call per thing asked, not one call with the
+    values packed together. Ids name the parts, so cached embeddings stay valid across runs."""
+    rng = random.Random(seed)
+    groups: dict[str, list[Example]] = {}
+    for ex in pool:
+        if len(ex.answers) == 1:
+            tool = next(t for t in ex.tools if t.name == ex.answers[0].name)
+            groups.setdefault(json.dumps(tool.to_json_schema(), sort_keys=True), []).append(ex)
+    pools = [members for members in groups.values() if len(members) >= 2]
+    made: dict[str, Example] = {}
+    for _ in range(n if pools else 0):
+        members = rng.choice(pools)
+        parts = rng.sample(members, 3 if len(members) >= 3 and rng.random() < 1 / 3 else 2)
+        calls = [c for p in parts for c in p.answers]
+        if len({json.dumps([c.name, c.arguments], sort_keys=True) for c in calls}) < len(calls):
+            continue  # the same call twice is what the decoder's loop guard takes back
+        key = "~and~".join(p.id for p in parts)
+        tools = list({t.name: t for p in parts for t in p.tools}.values())
+        made[key] = Example(key, "augmented-repeated", " ".join(p.query.strip() for p in parts), tools, calls)
+    return list(made.values())

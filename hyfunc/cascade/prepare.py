@@ -29,7 +29,9 @@ import torch
 from safetensors.torch import load_file
 from tqdm.auto import tqdm
 
-from hyfunc.cascade.data import Example, augment_refusals, call_pattern, load_examples, sample_by_pattern, split_examples
+from hyfunc.cascade.data import (
+    Example, augment_refusals, call_pattern, load_examples, repeated_examples, sample_by_pattern, split_examples,
+)
 from hyfunc.cascade.lexical import fit_lexical_weight, lexical_scores
 from hyfunc.cascade.library import train_library_retriever
 from hyfunc.cascade.retriever import RetrievalData, Retriever, calibrate, evaluate, new_retriever, train_retriever
@@ -47,6 +49,7 @@ class PrepareConfig:
     data: list[str]
     val_fraction: float = 0.1
     refusal_fraction: float = 0.15  # extra no-call examples of each kind (near miss, unrelated tools)
+    repeat_fraction: float = 0.0  # extra repeated-call examples (data.repeated_examples), from the whole split
     shard_size: int = 64
     retriever: dict = field(default_factory=lambda: {"proj_dim": 256, "mlp_hidden": 0, "epochs": 30, "lr": 1e-3, "refusal_head": True})
     sft_epochs: int = 1
@@ -260,6 +263,12 @@ def prepare(config: PrepareConfig, out: Path, large: Backend | None = None, smal
     train, val = split_examples(examples, config.val_fraction)
     train = augment_refusals(train, config.refusal_fraction, config.seed)
     val = augment_refusals(val, config.refusal_fraction, config.seed + 1)
+    # The whole data's split (the same hash split, a superset of a sample's): the library
+    # retriever trains on all of it, and repeated-call examples are joined from all of it.
+    all_train, all_val = split_examples(load_examples(config.data), config.val_fraction)
+    if config.repeat_fraction:
+        train += repeated_examples(all_train, int(len(train) * config.repeat_fraction), config.seed)
+        val += repeated_examples(all_val, int(len(val) * config.repeat_fraction), config.seed + 1)
 
     large = large or Backend(config.large_model)
     compute_embeddings(SoftTokenEncoder(large), train + val, out / "embeddings", config.shard_size)
@@ -277,8 +286,7 @@ def prepare(config: PrepareConfig, out: Path, large: Backend | None = None, smal
     if config.library:
         start = time.perf_counter()
         # Request-only soft tokens are cheap: every example of the data that calls library tools
-        # (not only the sample) trains it; the split is the same hash split as above.
-        all_train, all_val = split_examples(load_examples(config.data), config.val_fraction)
+        # (not only the sample) trains it.
         _, library_metrics = train_library_retriever(
             out / "library_retriever", SoftTokenEncoder(large), config.library, all_train, all_val,
             dict(config.retriever), config.seed,
