@@ -257,15 +257,14 @@ def prepare(config: PrepareConfig, out: Path, large: Backend | None = None, smal
     """Run (or resume) every stage; returns the manifest. Backends may be passed in (tests)."""
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    examples = load_examples(config.data)
-    if config.max_examples:
-        examples = sample_by_pattern(examples, config.max_examples, config.seed)
+    everything = load_examples(config.data)
+    examples = sample_by_pattern(everything, config.max_examples, config.seed) if config.max_examples else everything
     train, val = split_examples(examples, config.val_fraction)
     train = augment_refusals(train, config.refusal_fraction, config.seed)
     val = augment_refusals(val, config.refusal_fraction, config.seed + 1)
     # The whole data's split (the same hash split, a superset of a sample's): the library
     # retriever trains on all of it, and repeated-call examples are joined from all of it.
-    all_train, all_val = split_examples(load_examples(config.data), config.val_fraction)
+    all_train, all_val = split_examples(everything, config.val_fraction)
     if config.repeat_fraction:
         train += repeated_examples(all_train, int(len(train) * config.repeat_fraction), config.seed)
         val += repeated_examples(all_val, int(len(val) * config.repeat_fraction), config.seed + 1)
