@@ -80,7 +80,7 @@ class Wrapped:
     def __init__(self, backend, fn):
         self.inner, self.fn = backend, fn
         self.tokenizer = backend.tokenizer
-        self.pos = None
+        self.prompt_len = 0
 
     def encode(self, text):
         return self.inner.encode(text)
@@ -89,15 +89,20 @@ class Wrapped:
         return self.inner.decode(ids)
 
     def start(self, prompt: str):
-        out = self.inner.forward(ids=self.inner.encode(prompt))
-        self.pos = 0
+        ids = self.inner.encode(prompt)
+        out = self.inner.forward(ids=ids)
+        self.prompt_len = len(ids)
         out.logits = self.fn(out.logits.clone(), 0)
         return out
 
-    def forward(self, ids=None, embeds=None, cache=None):
-        out = self.inner.forward(ids=ids, embeds=embeds, cache=cache)
-        self.pos += len(ids) if ids is not None else int(embeds.shape[0])
-        out.logits = self.fn(out.logits.clone(), self.pos)
+    def forward(self, ids=None, embeds=None, cache=None, logits_to_keep=1):
+        out = self.inner.forward(ids=ids, embeds=embeds, cache=cache, logits_to_keep=logits_to_keep)
+        # Positions from the cache: drafted tokens the decoder rejects are cropped from it.
+        end = out.cache.get_seq_length() - self.prompt_len
+        if out.tail_logits is not None:
+            k = out.tail_logits.shape[0]
+            out.tail_logits = torch.stack([self.fn(row.clone(), end - k + 1 + r) for r, row in enumerate(out.tail_logits)])
+        out.logits = self.fn(out.logits.clone(), end)
         return out
 
 
@@ -307,22 +312,27 @@ def test_required_call_overrides_a_model_that_prefers_no_call(backend):
     assert dec.decode(w.start("x"), [], require_call=True).text == "[]"  # nothing offered: nothing to call
 
 
-def test_copy_drafts_save_passes_without_changing_the_output():
+def test_drafts_save_passes_without_changing_the_output():
     backend = tiny_backend(seed=1)
-    dec = TemplateDecoder(backend, max_calls=3, max_string_tokens=12, max_array_items=3)
+    kw = dict(max_calls=3, max_string_tokens=12, max_array_items=3)
     prompt = backend.encode("What is the weather like in Paris today?")
-    plain = dec.decode(backend.forward(ids=prompt), TOOLS)
+    plain = TemplateDecoder(backend, max_draft_tokens=0, **kw).decode(backend.forward(ids=prompt), TOOLS)
     assert plain.drafted_tokens == 0
+    dec = TemplateDecoder(backend, max_draft_tokens=16, **kw)
+    # Choices drafted from guesses (the first tool, "}" for optional keys), no source text.
+    guessed = dec.decode(backend.forward(ids=prompt), TOOLS)
+    assert guessed.text == plain.text and guessed.token_ids == plain.token_ids
+    assert guessed.forward_calls <= plain.forward_calls
     # A source holding the values the model writes anyway: its drafts are the model's own choices.
-    # As a request would mention them: string contents as they are, numbers spelled in JSON.
+    # As a request would mention them: strings quoted, numbers spelled in JSON.
     values = [x for c in plain.calls for x in _leaves(c.arguments) if x is not None and not isinstance(x, bool)]
-    source = " | ".join(x if isinstance(x, str) else json.dumps(x) for x in values)
+    source = " and ".join(f"'{x}'" if isinstance(x, str) else json.dumps(x) for x in values)
     assert len(source) > 20
     copied = dec.decode(backend.forward(ids=prompt), TOOLS, draft_source=source)
     assert copied.text == plain.text and copied.token_ids == plain.token_ids
     assert copied.generated_tokens == plain.generated_tokens
     assert 0 < copied.accepted_draft_tokens <= copied.drafted_tokens
-    assert copied.forward_calls < plain.forward_calls
+    assert copied.forward_calls < guessed.forward_calls
     # Drafts the model disagrees with cost nothing in the output either (rejected, cropped).
     wrong = dec.decode(backend.forward(ids=prompt), TOOLS, draft_source=source[::-1] + source.upper())
     assert wrong.text == plain.text and wrong.token_ids == plain.token_ids

@@ -31,7 +31,11 @@ decoder looks the value written so far up in `draft_source` and runs the tokens 
 through the model together with the pending tokens, in one pass (on a CPU a pass over a few
 tokens costs about as much as over one). A drafted token is kept only if it is the constrained
 argmax at its position, exactly as if it had been stepped; the first mismatch is replaced by the
-model's choice and the rest is cropped from the cache.
+model's choice and the rest is cropped from the cache. Where the source marks the value's end (a
+quote character, or punctuation before a space), the draft runs on through the closing quote and
+the text the template injects next (``, "next_key": "``, ``}}``, ...) up to the next decision:
+when the guess is right, the logits for that decision (or for the next value's first token) come
+from the same pass.
 
 Three kinds of decision, all by the model's logits:
 
@@ -62,6 +66,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -98,6 +103,8 @@ class TemplatedOutput:
 _MISSING = object()
 _DRAFT_MATCH_CHARS = 32  # longest end piece of a value looked up in the draft source
 _DRAFT_LOOKAHEAD_CHARS = 64  # source text after the match that drafts are tokenized from
+_QUOTES = set("\"'`\u2018\u2019\u201c\u201d")
+_CLAUSE_ENDS = set(",.;:!?")
 
 # ---------------------------------------------------------------------------------------------
 # Vocabulary tables, computed once per (tokenizer, size)
@@ -205,6 +212,7 @@ class _Vocab:
         self.str_any = [safe[st] | opened[st] | closing[st] for st in (0, 1)]
         self.starts = starts
         self.terminators = starts[","] | starts["}"] | starts["]"]
+        self.quote_id: int | None = min(self.by_string.get('"', [None]))  # a string's plain closing token
         self._num: dict[tuple[bool, str], tuple[torch.Tensor, dict[int, str]]] = {}
 
     def number_step(self, integer: bool, state: str) -> tuple[torch.Tensor, dict[int, str]]:
@@ -283,6 +291,62 @@ def _string_content_ok(s: str) -> bool:
 _VOCABS: dict[tuple[int, int], tuple[Any, _Vocab]] = {}
 
 
+@dataclass(frozen=True)
+class _Follow:
+    """What the decoder feeds after a value or choice when the drafts' guesses hold: `text` the
+    template injects (flushed as one piece), then `then`, the tokens of guessed decisions beyond
+    it (the next call's opening, name and first key). Empty: a decision comes right after."""
+
+    text: str = ""
+    then: tuple[int, ...] = ()
+
+    def after(self, prefix: str) -> _Follow:
+        return _Follow(prefix + self.text, self.then)
+
+
+_DECISION = _Follow()
+
+
+def _name_words(name: str) -> list[str]:
+    """"getMobileColorScheme" -> ["get", "mobile", "color", "scheme"] (also snake_case, dots)."""
+    return [w.lower() for w in re.findall(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+", name)]
+
+
+def _mention_order(tools: Sequence[Tool], source: str) -> list[int]:
+    """Tool indices in the order the request likely calls them: by the first mention in
+    `source` of a word of the tool's name that other tools' names lack ("color" of
+    getMobileColorScheme, not "get" or "mobile"), unmentioned tools last, ties by rank."""
+    words = [set(w for w in _name_words(t.name) if len(w) > 2) for t in tools]
+    text = source.lower()
+
+    def first_mention(i: int) -> float:
+        own = {w for w in words[i] if not any(w in other for j, other in enumerate(words) if j != i)} or words[i]
+        found = [m.start() for w in own if (m := re.search(r"\b" + re.escape(w) + r"(?:s|es|ed|ing)?\b", text))]
+        return min(found, default=math.inf)
+
+    return sorted(range(len(tools)), key=lambda i: (first_mention(i), i))
+
+
+def _find(source: str, piece: str, whole: bool) -> int:
+    """Where `piece` occurs in `source` (-1: nowhere); a `whole` value so far is looked for at
+    a word's start first ("3" of "ID 31" rather than of "size 73")."""
+    if whole and piece[:1].isalnum():
+        at = source.find(piece)
+        while at > 0 and source[at - 1].isalnum():
+            at = source.find(piece, at + 1)
+        if at >= 0:
+            return at
+    return source.find(piece)
+
+
+def _value_end(text: str, i: int, clauses: bool = True) -> bool:
+    """Whether a value copied from `text` likely ends before position `i`: at a quote character,
+    a control character, or (`clauses`) clause punctuation followed by a space or the end ("in
+    Los Angeles.", "iOS, and")."""
+    ch = text[i]
+    return ch in _QUOTES or ord(ch) < 0x20 or (clauses and ch in _CLAUSE_ENDS and (i + 1 == len(text) or text[i + 1].isspace()))
+
+
 def _vocab_for(tokenizer: Any, size: int) -> _Vocab:
     key = (id(tokenizer), size)
     hit = _VOCABS.get(key)
@@ -328,6 +392,8 @@ class _Session:
         self.draft_source = draft_source
         self.draft_kind: str | None = None
         self.value_so_far = ""
+        self.draft_follow = _DECISION
+        self.choice_draft: list[int] = []  # the expected tokens of a choice being made (see `choose`)
         self.ahead: list[tuple[int, torch.Tensor]] = []
         self.drafted = 0
         self.accepted = 0
@@ -347,10 +413,10 @@ class _Session:
 
     def mark(self) -> tuple:
         """The emission state, to `rewind` to later (model mode)."""
-        self._drop_ahead()
+        self._flush_text()  # injected text may still match drafted tokens: keep those
         return (
             len(self.ids), len(self.text_parts), self.pending_text, list(self.feed), self.logits,
-            self.cache.get_seq_length(), self.decision_pending,
+            self.cache.get_seq_length() - len(self.ahead), self.decision_pending,
         )
 
     def rewind(self, mark: tuple) -> None:
@@ -369,9 +435,10 @@ class _Session:
             self.ahead = []
 
     @contextmanager
-    def drafting(self, kind: str) -> Iterator[None]:
-        """While a string's content or a number is written, drafts may be copied for it."""
-        self.draft_kind, self.value_so_far = kind, ""
+    def drafting(self, kind: str, follow: _Follow = _DECISION) -> Iterator[None]:
+        """While a string's content or a number is written, drafts may be copied for it;
+        `follow`: what the decoder feeds after the value (see `_Follow`)."""
+        self.draft_kind, self.value_so_far, self.draft_follow = kind, "", follow
         try:
             yield
         finally:
@@ -382,28 +449,47 @@ class _Session:
 
         Argument values are mostly spans of the request: find the longest recent piece of the
         value (at least 3 characters, or all of it) in the source and propose what follows it
-        there, up to the first character the value cannot hold. The drafts run through the model
-        with the pending tokens in one pass; each is kept only while it is the model's own
-        constrained greedy choice, so the output is the same as without drafting (up to float
-        rounding of the batched pass).
+        there, up to the first character the value cannot hold. If the source ends the value
+        there (see `_value_end`), the draft goes on with the value's end (a string's closing
+        quote) and the template's `follow`. The drafts run through the model with the
+        pending tokens in one pass; each is kept only while it is the model's own constrained
+        greedy choice (injected tokens: while they are what the template injects), so the output
+        is the same as without drafting (up to float rounding of the batched pass).
         """
+        if self.choice_draft:
+            return self.choice_draft[: self.dec.max_draft_tokens]
         text, source = self.value_so_far, self.draft_source
         if not text or not source or self.draft_kind is None or self.dec.max_draft_tokens < 1:
             return []
         at, n = -1, min(len(text), _DRAFT_MATCH_CHARS)
-        while n >= min(len(text), 3) and (at := source.find(text[-n:])) < 0:
+        while n >= min(len(text), 3) and (at := _find(source, text[-n:], whole=n == len(text))) < 0:
             n -= 1
         if at < 0:
             return []
         rest = source[at + n : at + n + _DRAFT_LOOKAHEAD_CHARS]
+        source_ends = at + n + len(rest) == len(source)  # the source's end ends a value too
         if self.draft_kind == "number":
-            cut = next((i for i, ch in enumerate(rest) if ch not in _NUM_CHARS), None)
-        else:  # string content: up to a character that would need escaping
-            cut = next((i for i, ch in enumerate(rest) if ch in '"\\' or ord(ch) < 0x20), None)
+            cut = next((i for i, ch in enumerate(rest) if ch not in _NUM_CHARS), len(rest) if source_ends else None)
+            ends = cut is not None
+            if ends:  # "of 73." ends the number before its period
+                cut = len(rest[:cut].rstrip(".eE+-"))
+        else:  # string content: up to a character that would need escaping, or the value's end
+            # Past punctuation the value already holds, punctuation no longer marks its end.
+            clauses = not any(ch in _CLAUSE_ENDS for ch in text)
+            cut = next(
+                (i for i, ch in enumerate(rest) if ch in '"\\' or _value_end(rest, i, clauses)), len(rest) if source_ends else None
+            )
+            ends = cut is not None and (cut == len(rest) or _value_end(rest, cut, clauses))
         ids = self.backend.encode(rest[:cut])
-        if cut is None and len(rest) == _DRAFT_LOOKAHEAD_CHARS:
+        if cut is None:
             ids = ids[:-1]  # the last token may be cut short
+        elif ends and (self.draft_kind == "number" or self.vocab.quote_id is not None):
+            ids += [self.vocab.quote_id] if self.draft_kind == "string" else []
+            ids += self._follow_ids(self.draft_follow)
         return ids[: self.dec.max_draft_tokens]
+
+    def _follow_ids(self, follow: _Follow) -> list[int]:
+        return (self.backend.encode(follow.text) if follow.text else []) + list(follow.then)
 
     def _fit(self, logits: torch.Tensor) -> torch.Tensor:
         """Logits over exactly the vocabulary tables' size (extra rows dropped, missing ones -inf)."""
@@ -510,8 +596,32 @@ class _Session:
         self.decision_pending = True
         return choice
 
-    def choose(self, options: Sequence[str], gold: int | None = None) -> int:
-        """Pick one of `options` (distinct, non-empty strings), emitting it; returns its index."""
+    def _choice_path(self, options: Sequence[str], text: str, guess: int, after: _Follow) -> list[int]:
+        """The tokens the decoder feeds if the model picks option `guess` from here (the text
+        chosen so far being `text`): the natural next token of its rest while other options
+        remain, then its rest with `after`'s text as one flushed piece, then `after`'s tokens."""
+        ids: list[int] = []
+        while True:
+            rest = options[guess][len(text):]
+            live = [o for o in options if o.startswith(text)]
+            if len(live) == 1:
+                return ids + self._follow_ids(after.after(rest))
+            if text in live:  # a peek (stop here or go on) comes next: the draft ends
+                return ids
+            first = self.backend.encode(rest)[:1]
+            piece = self.vocab.strings[first[0]] if first and first[0] < self.vocab.size else None
+            if not piece or not rest.startswith(piece):
+                return ids
+            ids.append(first[0])
+            text += piece
+
+    def choose(
+        self, options: Sequence[str], gold: int | None = None, guesses: Sequence[int] = (), after: Sequence[_Follow] = ()
+    ) -> int:
+        """Pick one of `options` (distinct, non-empty strings), emitting it; returns its index.
+        `guesses`: the options the model will likely pick, most likely first, with `after` what
+        the decoder feeds after each option: a pass that decides runs the first guess still
+        possible, with its `after`, as a draft."""
         if len(set(options)) != len(options) or not all(options):
             raise ValueError(f"options must be distinct and non-empty: {options!r}")
         if self.teacher and gold is None:
@@ -538,7 +648,13 @@ class _Session:
                 self.inject(options[live[0]][len(text):])
                 return live[0]
             target = options[gold][len(text):] if self.teacher else None
-            text += self.step(cand, target)
+            guess = next((g for g in guesses if options[g].startswith(text)), None) if not self.teacher else None
+            if guess is not None:
+                self.choice_draft = self._choice_path(options, text, guess, after[guess] if after else _DECISION)
+            try:
+                text += self.step(cand, target)
+            finally:
+                self.choice_draft = []
 
 
 class _Walker:
@@ -571,14 +687,31 @@ class _Walker:
         elif s.choose([opener, "]"], (0 if gold else 1) if self.teacher else None) == 1:
             return
         written: list[str] = []  # the calls so far, as JSON text
+        # Drafted guesses (model mode): the tools in the order the request likely calls them,
+        # and what the decoder feeds after each name up to the first value or key choice.
+        order = _mention_order(tools, s.draft_source) if not self.teacher else []
+        heads = [self._object_head(t.parameters, t.required, _Follow("}")).after(', "arguments": ') for t in tools]
+        separator = [", " + opener, "]"]
+        called: list[int] = []
         before_separator = None
         while True:
             start = len(s.text) - len(opener)
             g = gold[n] if self.teacher else None
-            i = s.choose(names, [t.name for t in tools].index(g.name) if g is not None else None)
+            guesses = [j for j in order if j not in called] + called[::-1]
+            i = s.choose(names, [t.name for t in tools].index(g.name) if g is not None else None, guesses, heads)
+            called.append(i)
             tool = tools[i]
             s.inject(', "arguments": ')
-            self.object_props(tool.parameters, tool.required, g.arguments if g is not None else _MISSING, tool.name)
+            then: tuple[int, ...] = ()
+            if not self.teacher:  # the separator and the next call's opening, as guessed
+                more = len(set(called)) < len(tools)
+                then = tuple(s._choice_path(separator, "", 0 if more else 1, _DECISION))
+                if more and len(tools) > 1:
+                    nxt = self._next_tool(order, called)
+                    then += tuple(s._choice_path(names, "", nxt, heads[nxt]))
+            self.object_props(
+                tool.parameters, tool.required, g.arguments if g is not None else _MISSING, tool.name, _Follow("}", then)
+            )
             s.inject("}")
             if not self.teacher and self.dec.stop_on_repeat:
                 call = s.text[start:]
@@ -594,11 +727,21 @@ class _Walker:
                 s.inject("]")
                 return
             before_separator = s.mark() if not self.teacher else None
-            if s.choose([", " + opener, "]"], (0 if n < len(gold) else 1) if self.teacher else None) == 1:
+            more = len(set(called)) < len(tools)
+            after = [_DECISION if len(tools) > 1 else heads[0].after(names[0]), _DECISION]
+            if s.choose(separator, (0 if n < len(gold) else 1) if self.teacher else None, (0, 1) if more else (1, 0), after) == 1:
                 return
 
+    @staticmethod
+    def _next_tool(order: Sequence[int], called: Sequence[int]) -> int:
+        """The guess for the next call: the first tool in `order` not called yet, else the last."""
+        return next((j for j in order if j not in called), called[-1] if called else 0)
+
     # -- values ----------------------------------------------------------------------------
-    def object_props(self, props: dict[str, Param], required: Sequence[str], gold: Any, where: str) -> None:
+    def object_props(
+        self, props: dict[str, Param], required: Sequence[str], gold: Any, where: str, follow: _Follow = _DECISION
+    ) -> None:
+        """`follow`: what the decoder feeds after this object (see `value`)."""
         s = self.s
         if self.teacher:
             if not isinstance(gold, dict):
@@ -611,25 +754,30 @@ class _Walker:
                 raise TemplateError(f"{where}: missing required argument(s) {missing}")
         req = set(required)
         s.inject("{")
-        first = True
-        for k, p in props.items():
-            if k in req:
-                s.inject(("" if first else ", ") + _dumps(k) + ": ")
-                self.value(p, gold[k] if self.teacher else _MISSING, f"{where}.{k}")
-                first = False
+        keys = [k for k in props if k in req]
         remaining = [k for k in props if k not in req]
+        for i, k in enumerate(keys):
+            s.inject(("" if i == 0 else ", ") + _dumps(k) + ": ")
+            if i + 1 < len(keys):
+                after = _Follow(", " + _dumps(keys[i + 1]) + ": " + self._opening(props[keys[i + 1]]))
+            else:  # the last required key: a choice among the optional keys, or the object ends
+                after = _DECISION if remaining else follow.after("}")
+            self.value(props[k], gold[k] if self.teacher else _MISSING, f"{where}.{k}", follow=after)
+        first = not keys
         while remaining:
             opts = [("" if first else ", ") + _dumps(k) + ": " for k in remaining] + ["}"]
             g = None
             if self.teacher:
                 g = next((j for j, k in enumerate(remaining) if k in gold), len(remaining))
-            j = s.choose(opts, g)
+            # Guessed: no more optional keys.
+            j = s.choose(opts, g, [len(remaining), *range(len(remaining))], [_DECISION] * len(remaining) + [follow])
             if j == len(remaining):
                 return
             k = remaining[j]
-            self.value(props[k], gold[k] if self.teacher else _MISSING, f"{where}.{k}")
-            first = False
             remaining = remaining[j + 1:]
+            after = _DECISION if remaining else follow.after("}")
+            self.value(props[k], gold[k] if self.teacher else _MISSING, f"{where}.{k}", follow=after)
+            first = False
         s.inject("}")
 
     def _choice_options(self, p: Param) -> list[tuple[str, Any]] | None:
@@ -672,7 +820,23 @@ class _Walker:
             m = m | v.mask_of(v.prefix_ids(["null"]))
         return m
 
-    def value(self, p: Param | None, gold: Any, where: str, depth: int = 0) -> None:
+    def _object_head(self, props: dict[str, Param], required: Sequence[str], follow: _Follow) -> _Follow:
+        """What `object_props` feeds first: up to the first value or key choice, or the whole
+        empty object and `follow`."""
+        first = next((k for k in props if k in set(required)), None)
+        if first is not None:
+            return _Follow("{" + _dumps(first) + ": " + self._opening(props[first]))
+        return _Follow("{") if props else follow.after("{}")
+
+    @staticmethod
+    def _opening(p: Param) -> str:
+        """The text a value of `p` surely starts with, injected before any decision."""
+        plain_string = p.type == "string" and p.enum is None and not (p.has_default and p.default is None)
+        return '"' if plain_string else ""
+
+    def value(self, p: Param | None, gold: Any, where: str, depth: int = 0, follow: _Follow = _DECISION) -> None:
+        """`follow`: what the decoder feeds right after this value if the guesses hold (see
+        `_Follow`); string and number drafts run into it."""
         s = self.s
         if p is None or p.type == "any" or (p.type == "object" and not p.properties):
             if self.teacher and p is not None and p.type == "object" and not isinstance(gold, dict):
@@ -707,20 +871,20 @@ class _Walker:
         if self.teacher and not TYPE_CHECKS[p.type](gold):
             raise TemplateError(f"{where}: expected {p.type}, got {gold!r}")
         if p.type == "string":
-            self.string(gold)
+            self.string(gold, follow)
         elif p.type in ("integer", "number"):
-            self.number(p.type == "integer", gold, where)
+            self.number(p.type == "integer", gold, where, follow)
         elif p.type == "array":
             self.array(p.items, gold, where, depth)
         else:
-            self.object_props(p.properties, p.required, gold, where)
+            self.object_props(p.properties, p.required, gold, where, follow)
 
-    def string(self, gold: Any) -> None:
+    def string(self, gold: Any, follow: _Follow = _DECISION) -> None:
         s, v = self.s, self.v
         s.inject('"')
         target = _dumps(gold)[1:] if self.teacher else None  # content + closing quote
         n, state = 0, 0
-        with s.drafting("string"):
+        with s.drafting("string", follow):
             while True:
                 if self.teacher or n < self.dec.max_string_tokens:
                     allowed = v.str_any[state]
@@ -736,7 +900,7 @@ class _Walker:
                 s.value_so_far += piece
                 state = 1 if v.str_open[state][tid] else 0
 
-    def number(self, integer: bool, gold: Any, where: str) -> None:
+    def number(self, integer: bool, gold: Any, where: str, follow: _Follow = _DECISION) -> None:
         s, v = self.s, self.v
         target = None
         if self.teacher:
@@ -744,7 +908,7 @@ class _Walker:
                 raise TemplateError(f"{where}: {gold!r} has no JSON spelling")
             target = _dumps(gold)
         state, length = "start", 0
-        with s.drafting("number"):
+        with s.drafting("number", follow):
             while True:
                 mask, nxt = v.number_step(integer, state)
                 if state in _ACCEPT:
@@ -866,7 +1030,7 @@ class TemplateDecoder:
         max_array_items: int = 16,
         max_number_chars: int = 24,
         max_any_depth: int = 2,
-        max_draft_tokens: int = 8,
+        max_draft_tokens: int = 24,
         stop_on_repeat: bool = True,
     ):
         if max_calls < 1:
