@@ -10,6 +10,7 @@ import torch
 from hyfunc.cascade.templating import (
     TemplateDecoder,
     TemplateError,
+    _mention_order,
     _string_piece_kind,
     render_target,
     target_token_mask,
@@ -337,6 +338,45 @@ def test_drafts_save_passes_without_changing_the_output():
     wrong = dec.decode(backend.forward(ids=prompt), TOOLS, draft_source=source[::-1] + source.upper())
     assert wrong.text == plain.text and wrong.token_ids == plain.token_ids
     check_output(backend, copied, TOOLS)
+
+
+def test_mention_order_follows_the_request():
+    tools = parse_tools([
+        {"name": "getMobileScreenSize", "parameters": {"type": "object", "properties": {}}},
+        {"name": "getMobileColorScheme", "parameters": {"type": "object", "properties": {}}},
+        {"name": "addTrackToPlaylist", "parameters": {"type": "object", "properties": {}}},
+    ])
+    request = "Additionally, check the colors on iOS, then the screen size of my mobile, and add a track."
+    # "color(s)" before "screen"; "mobile" and "get" are shared and say nothing; "add" is a word, not "Additionally".
+    assert _mention_order(tools, request) == [1, 0, 2]
+    assert _mention_order(tools, "nothing relevant") == [0, 1, 2]  # unmentioned: by rank
+
+
+def test_guessed_drafts_write_a_whole_call_list_in_a_few_passes(backend):
+    tools = parse_tools([
+        {"name": "weather.get_city", "parameters": {"type": "object", "properties": {
+            "city": {"type": "string"}, "unit": {"type": "string", "enum": ["c", "f"]}}, "required": ["city"]}},
+        {"name": "weather.set_days", "parameters": {"type": "object", "properties": {
+            "days": {"type": "integer"}}, "required": ["days"]}},
+    ])
+    gold = [Call("weather.set_days", {"days": 12}), Call("weather.get_city", {"city": "New York"})]
+    source = "Set the days to 12, then get the city 'New York'."
+    ids, _ = target_token_mask(backend, gold, tools)
+
+    def forced(logits, pos):  # a model that writes exactly the gold calls
+        out = torch.full_like(logits, -1e4)
+        if pos < len(ids):
+            out[ids[pos]] = 10.0
+        return out
+
+    w = Wrapped(backend, forced)
+    plain = TemplateDecoder(w, max_draft_tokens=0).decode(w.start("p"), tools, draft_source=source)
+    drafted = TemplateDecoder(w, max_draft_tokens=64).decode(w.start("p"), tools, draft_source=source)
+    assert drafted.text == plain.text == render_target(gold, tools)
+    assert drafted.token_ids == plain.token_ids == ids
+    # "[" with the guessed opening of set_days up to its value; "1" with "2", the end of the call
+    # and the opening of get_city; "New" with " York", the quote and the end: three passes.
+    assert drafted.forward_calls == 3 < plain.forward_calls
 
 
 def test_a_call_repeated_word_for_word_is_taken_back_and_the_list_closed(backend):

@@ -681,34 +681,40 @@ class _Walker:
             return
         names = [_dumps(t.name)[1:] for t in tools]  # name content + closing quote
         opener = '{"name": "'
+        separator = [", " + opener, "]"]
+        # Guesses drafted in model mode: the tools in the order the request likely calls them
+        # (the first not called yet comes next, else the last again), and what the decoder
+        # feeds after each name up to the first value or key choice.
+        order = _mention_order(tools, s.draft_source) if not self.teacher else list(range(len(tools)))
+        heads = [self._object_head(t.parameters, t.required, _Follow("}")).after(', "arguments": ') for t in tools]
+        called: list[int] = []
+
+        def guesses() -> list[int]:
+            return [j for j in order if j not in called] + called[::-1]
+
+        def next_call() -> _Follow:
+            """What follows the opener of the next call, as guessed."""
+            if len(tools) == 1:  # the name is injected with the opener's rest
+                return heads[0].after(names[0])
+            g = guesses()[0]
+            return _Follow(then=tuple(s._choice_path(names, "", g, heads[g]))) if not self.teacher else _DECISION
+
         n = 0
         if self.require_call and not self.teacher:
             s.inject(opener)
-        elif s.choose([opener, "]"], (0 if gold else 1) if self.teacher else None) == 1:
+        elif s.choose([opener, "]"], (0 if gold else 1) if self.teacher else None, (0, 1), [next_call(), _DECISION]) == 1:
             return
         written: list[str] = []  # the calls so far, as JSON text
-        # Drafted guesses (model mode): the tools in the order the request likely calls them,
-        # and what the decoder feeds after each name up to the first value or key choice.
-        order = _mention_order(tools, s.draft_source) if not self.teacher else []
-        heads = [self._object_head(t.parameters, t.required, _Follow("}")).after(', "arguments": ') for t in tools]
-        separator = [", " + opener, "]"]
-        called: list[int] = []
         before_separator = None
         while True:
             start = len(s.text) - len(opener)
             g = gold[n] if self.teacher else None
-            guesses = [j for j in order if j not in called] + called[::-1]
-            i = s.choose(names, [t.name for t in tools].index(g.name) if g is not None else None, guesses, heads)
+            i = s.choose(names, [t.name for t in tools].index(g.name) if g is not None else None, guesses(), heads)
             called.append(i)
             tool = tools[i]
             s.inject(', "arguments": ')
-            then: tuple[int, ...] = ()
-            if not self.teacher:  # the separator and the next call's opening, as guessed
-                more = len(set(called)) < len(tools)
-                then = tuple(s._choice_path(separator, "", 0 if more else 1, _DECISION))
-                if more and len(tools) > 1:
-                    nxt = self._next_tool(order, called)
-                    then += tuple(s._choice_path(names, "", nxt, heads[nxt]))
+            more = len(set(called)) < len(tools)  # the guess: another call while a tool is left
+            then = () if self.teacher else tuple(s._choice_path(separator, "", 0 if more else 1, next_call() if more else _DECISION))
             self.object_props(
                 tool.parameters, tool.required, g.arguments if g is not None else _MISSING, tool.name, _Follow("}", then)
             )
@@ -727,15 +733,9 @@ class _Walker:
                 s.inject("]")
                 return
             before_separator = s.mark() if not self.teacher else None
-            more = len(set(called)) < len(tools)
-            after = [_DECISION if len(tools) > 1 else heads[0].after(names[0]), _DECISION]
-            if s.choose(separator, (0 if n < len(gold) else 1) if self.teacher else None, (0, 1) if more else (1, 0), after) == 1:
+            gold_choice = (0 if n < len(gold) else 1) if self.teacher else None
+            if s.choose(separator, gold_choice, (0, 1) if more else (1, 0), [next_call(), _DECISION]) == 1:
                 return
-
-    @staticmethod
-    def _next_tool(order: Sequence[int], called: Sequence[int]) -> int:
-        """The guess for the next call: the first tool in `order` not called yet, else the last."""
-        return next((j for j in order if j not in called), called[-1] if called else 0)
 
     # -- values ----------------------------------------------------------------------------
     def object_props(
@@ -756,16 +756,29 @@ class _Walker:
         s.inject("{")
         keys = [k for k in props if k in req]
         remaining = [k for k in props if k not in req]
+
+        def key_options(first: bool) -> list[str]:
+            return [("" if first else ", ") + _dumps(k) + ": " for k in remaining] + ["}"]
+
+        def after_last() -> _Follow:
+            """What follows the value before the optional keys `remaining`: the object's end,
+            directly or (guessed) chosen over them."""
+            if not remaining:
+                return follow.after("}")
+            if self.teacher:
+                return _DECISION
+            return _Follow(then=tuple(s._choice_path(key_options(False), "", len(remaining), follow)))
+
         for i, k in enumerate(keys):
             s.inject(("" if i == 0 else ", ") + _dumps(k) + ": ")
             if i + 1 < len(keys):
                 after = _Follow(", " + _dumps(keys[i + 1]) + ": " + self._opening(props[keys[i + 1]]))
-            else:  # the last required key: a choice among the optional keys, or the object ends
-                after = _DECISION if remaining else follow.after("}")
+            else:
+                after = after_last()
             self.value(props[k], gold[k] if self.teacher else _MISSING, f"{where}.{k}", follow=after)
         first = not keys
         while remaining:
-            opts = [("" if first else ", ") + _dumps(k) + ": " for k in remaining] + ["}"]
+            opts = key_options(first)
             g = None
             if self.teacher:
                 g = next((j for j, k in enumerate(remaining) if k in gold), len(remaining))
@@ -775,8 +788,7 @@ class _Walker:
                 return
             k = remaining[j]
             remaining = remaining[j + 1:]
-            after = _DECISION if remaining else follow.after("}")
-            self.value(props[k], gold[k] if self.teacher else _MISSING, f"{where}.{k}", follow=after)
+            self.value(props[k], gold[k] if self.teacher else _MISSING, f"{where}.{k}", follow=after_last())
             first = False
         s.inject("}")
 
