@@ -32,10 +32,13 @@ through the model together with the pending tokens, in one pass (on a CPU a pass
 tokens costs about as much as over one). A drafted token is kept only if it is the constrained
 argmax at its position, exactly as if it had been stepped; the first mismatch is replaced by the
 model's choice and the rest is cropped from the cache. Where the source marks the value's end (a
-quote character, or punctuation before a space), the draft runs on through the closing quote and
-the text the template injects next (``, "next_key": "``, ``}}``, ...) up to the next decision:
-when the guess is right, the logits for that decision (or for the next value's first token) come
-from the same pass.
+quote character, punctuation before a space, its own end), the draft runs on through the closing
+quote and what the decoder feeds next if its guesses hold (`_Follow`): the text the template
+injects (``, "next_key": "``, ``}}``) and guessed choices: no more optional keys, another call
+while an offered tool is not called yet, that tool (the first not called in the order the request
+mentions them, `_mention_order`) with its name and first key. Choices are drafted from the same
+guesses when their own pass runs. When the guesses are right, one pass writes the end of a value
+and everything up to the next value's first token; when not, nothing but speed is lost.
 
 Three kinds of decision, all by the model's logits:
 
