@@ -347,7 +347,9 @@ def _value_end(text: str, i: int, clauses: bool = True) -> bool:
     a control character, or (`clauses`) clause punctuation followed by a space or the end ("in
     Los Angeles.", "iOS, and")."""
     ch = text[i]
-    return ch in _QUOTES or ord(ch) < 0x20 or (clauses and ch in _CLAUSE_ENDS and (i + 1 == len(text) or text[i + 1].isspace()))
+    if ch in _QUOTES or ord(ch) < 0x20:
+        return True
+    return clauses and ch in _CLAUSE_ENDS and (i + 1 == len(text) or text[i + 1].isspace())
 
 
 def _vocab_for(tokenizer: Any, size: int) -> _Vocab:
@@ -479,9 +481,8 @@ class _Session:
         else:  # string content: up to a character that would need escaping, or the value's end
             # Past punctuation the value already holds, punctuation no longer marks its end.
             clauses = not any(ch in _CLAUSE_ENDS for ch in text)
-            cut = next(
-                (i for i, ch in enumerate(rest) if ch in '"\\' or _value_end(rest, i, clauses)), len(rest) if source_ends else None
-            )
+            stops = (i for i, ch in enumerate(rest) if ch in '"\\' or _value_end(rest, i, clauses))
+            cut = next(stops, len(rest) if source_ends else None)
             ends = cut is not None and (cut == len(rest) or _value_end(rest, cut, clauses))
         ids = self.backend.encode(rest[:cut])
         if cut is None:
@@ -619,7 +620,11 @@ class _Session:
             text += piece
 
     def choose(
-        self, options: Sequence[str], gold: int | None = None, guesses: Sequence[int] = (), after: Sequence[_Follow] = ()
+        self,
+        options: Sequence[str],
+        gold: int | None = None,
+        guesses: Sequence[int] = (),
+        after: Sequence[_Follow] = (),
     ) -> int:
         """Pick one of `options` (distinct, non-empty strings), emitting it; returns its index.
         `guesses`: the options the model will likely pick, most likely first, with `after` what
@@ -705,7 +710,7 @@ class _Walker:
         n = 0
         if self.require_call and not self.teacher:
             s.inject(opener)
-        elif s.choose([opener, "]"], (0 if gold else 1) if self.teacher else None, (0, 1), [next_call(), _DECISION]) == 1:
+        elif s.choose([opener, "]"], (0 if gold else 1) if self.teacher else None, (0, 1), [next_call(), _DECISION]):
             return
         written: list[str] = []  # the calls so far, as JSON text
         before_separator = None
@@ -717,10 +722,11 @@ class _Walker:
             tool = tools[i]
             s.inject(', "arguments": ')
             more = len(set(called)) < len(tools)  # the guess: another call while a tool is left
-            then = () if self.teacher else tuple(s._choice_path(separator, "", 0 if more else 1, next_call() if more else _DECISION))
-            self.object_props(
-                tool.parameters, tool.required, g.arguments if g is not None else _MISSING, tool.name, _Follow("}", then)
-            )
+            then = []
+            if not self.teacher:
+                then = s._choice_path(separator, "", 0 if more else 1, next_call() if more else _DECISION)
+            arguments = g.arguments if g is not None else _MISSING
+            self.object_props(tool.parameters, tool.required, arguments, tool.name, _Follow("}", tuple(then)))
             s.inject("}")
             if not self.teacher and self.dec.stop_on_repeat:
                 call = s.text[start:]
