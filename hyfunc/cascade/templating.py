@@ -722,9 +722,10 @@ class _Walker:
             tool = tools[i]
             s.inject(', "arguments": ')
             more = len(set(called)) < len(tools)  # the guess: another call while a tool is left
+            upcoming = next_call()  # the same guess wherever the separator gets drafted
             then = []
             if not self.teacher:
-                then = s._choice_path(separator, "", 0 if more else 1, next_call() if more else _DECISION)
+                then = s._choice_path(separator, "", 0 if more else 1, upcoming if more else _DECISION)
             arguments = g.arguments if g is not None else _MISSING
             self.object_props(tool.parameters, tool.required, arguments, tool.name, _Follow("}", tuple(then)))
             s.inject("}")
@@ -743,7 +744,7 @@ class _Walker:
                 return
             before_separator = s.mark() if not self.teacher else None
             gold_choice = (0 if n < len(gold) else 1) if self.teacher else None
-            if s.choose(separator, gold_choice, (0, 1) if more else (1, 0), [next_call(), _DECISION]) == 1:
+            if s.choose(separator, gold_choice, (0, 1) if more else (1, 0), [upcoming, _DECISION]) == 1:
                 return
 
     # -- values ----------------------------------------------------------------------------
