@@ -202,7 +202,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     config = PrepareConfig(
         large_model=args.large, small_model=args.small, data=args.data, sft_epochs=args.epochs,
         lora_rank=args.lora_rank, max_examples=args.max_examples, sft_max_items=args.sft_max_items, seed=args.seed,
-        library=args.library, repeat_fraction=args.repeat_fraction,
+        library=args.library, repeat_fraction=args.repeat_fraction, off_topic=not args.no_off_topic,
     )
     manifest = prepare(config, Path(args.out))
     print(json.dumps({"artifact": args.out, "metrics": manifest["metrics"], "seconds": manifest["seconds"]}, indent=2))
@@ -298,6 +298,10 @@ def main(argv: list[str] | None = None) -> int:
     prep.add_argument(
         "--repeat-fraction", type=float, default=0.0,
         help="add this fraction of repeated-call examples, joined from single-call requests of the data (BFCL's parallel case)",
+    )
+    prep.add_argument(
+        "--no-off-topic", action="store_true",
+        help="leave out the off-topic refusal examples (small talk and trivia from the ChatterBot corpus)",
     )
     prep.add_argument("--library", default=None, help="a large tool library (JSON Lines): also train its per-function retriever")
     prep.add_argument("--seed", type=int, default=0)

@@ -242,6 +242,22 @@ def test_balanced_sample_and_refusal_examples():
     assert near and all("get_weather" not in {t.name for t in ex.tools} and ex.tools for ex in near)
     assert [ex.id for ex in augment_refusals(rows[:20], 0.5, seed=0)[20:]] == [ex.id for ex in extra]
 
+    chat = [Example(f"c{i}", "chat", f"Tell me a joke number {i}.", [], []) for i in range(30)]
+    with_chat = augment_refusals(rows[:20], 0.5, seed=0, off_topic=chat)
+    off = [ex for ex in with_chat if ex.source == "augmented-off-topic"]
+    assert len(off) == 10 and all(ex.tools and ex.answers == [] and ex.query.startswith("Tell me") for ex in off)
+    assert [ex for ex in with_chat if ex.source != "augmented-off-topic"] == augmented  # the other kinds unchanged
+
+
+def test_off_topic_requests_come_from_the_chatterbot_corpus():
+    from hyfunc.cascade.data import off_topic_requests, split_examples
+
+    requests = off_topic_requests()
+    assert len(requests) > 500 and len({ex.id for ex in requests}) == len(requests)
+    assert all(ex.query.strip() and ex.tools == [] and ex.answers == [] for ex in requests)
+    train, val = split_examples(requests)
+    assert train and val and off_topic_requests() == requests
+
 
 def test_repeated_call_examples_join_requests_for_the_same_tool(data_file):
     from hyfunc.cascade.data import Example, call_pattern, load_examples, repeated_examples

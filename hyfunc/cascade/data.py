@@ -1,13 +1,16 @@
 """fc-train examples (`query`, `tools` as JSON Schema, `answers`; [] = no call), a stable split, a sample
-balanced by call pattern and refusal examples made from the data itself."""
+balanced by call pattern and refusal examples made from the data itself and from off-topic requests."""
 from __future__ import annotations
 
 import hashlib
 import json
 import random
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
-from typing import Iterable, Union
+from typing import Iterable, Sequence, Union
+
+import yaml
 
 from hyfunc.formats.calls import Call
 from hyfunc.formats.schema import SchemaError, Tool, parse_tools
@@ -120,12 +123,31 @@ def sample_by_pattern(items: list, n: int, seed: int, pattern=call_pattern) -> l
     return [items[i] for i in sorted(chosen)]
 
 
-def augment_refusals(examples: list[Example], fraction: float, seed: int) -> list[Example]:
-    """No-call examples built from the data itself, `fraction` of len(examples) of each kind:
+def off_topic_requests() -> list[Example]:
+    """Requests that ask for no tool at all, as no-call examples without tools: the first user turn
+    of every English conversation of the ChatterBot corpus (`chatterbot-corpus` on PyPI, BSD-3:
+    small talk, trivia, jokes, coding and tech-support questions), deduplicated. fc-train's requests
+    all ask for some tool, so without these a request like "Tell me a joke." shown a list of
+    everyday tools was answered with a call. Ids hash the text: `split_examples` splits them stably."""
+    texts: set[str] = set()
+    for path in sorted((resources.files("chatterbot_corpus") / "data" / "english").iterdir(), key=lambda p: p.name):
+        if path.name.endswith(".yml"):
+            for conversation in yaml.safe_load(path.read_text(encoding="utf-8"))["conversations"]:
+                if isinstance(conversation, list) and conversation and isinstance(conversation[0], str) and conversation[0].strip():
+                    texts.add(conversation[0].strip())
+    return [
+        Example(f"chatterbot-{hashlib.sha256(text.encode()).hexdigest()[:12]}", "chatterbot-corpus", text, [], [])
+        for text in sorted(texts)
+    ]
+
+
+def augment_refusals(examples: list[Example], fraction: float, seed: int, off_topic: Sequence[Example] = ()) -> list[Example]:
+    """No-call examples, `fraction` of len(examples) of each kind:
 
     - near miss: a request shown its own tool list without the tools its answer calls (same domain,
       close names: BFCL's irrelevance cases look like this);
-    - unrelated: a request shown only the tools of another example that share no name with its own.
+    - unrelated: a request shown only the tools of another example that share no name with its own;
+    - off-topic (if `off_topic` requests are given): one of them shown the tools of an example.
 
     Ids name what the example is made of, so cached embeddings stay valid across runs."""
     rng = random.Random(seed)
@@ -144,6 +166,12 @@ def augment_refusals(examples: list[Example], fraction: float, seed: int) -> lis
         if tools:
             key = f"{ex.id}~tools-of~{other.id}"
             extra[key] = Example(key, "augmented-unrelated", ex.query, tools, [])
+    # A separate generator: adding off-topic requests leaves the other kinds' draws as they were.
+    off_rng = random.Random(f"{seed}:off-topic")
+    for request in off_rng.sample(list(off_topic), min(len(off_topic), int(len(examples) * fraction))) if callers else []:
+        other = off_rng.choice(callers)
+        key = f"{request.id}~tools-of~{other.id}"
+        extra[key] = Example(key, "augmented-off-topic", request.query, other.tools, [])
     return examples + list(extra.values())
 
 
