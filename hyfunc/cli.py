@@ -202,7 +202,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     config = PrepareConfig(
         large_model=args.large, small_model=args.small, data=args.data, sft_epochs=args.epochs,
         lora_rank=args.lora_rank, max_examples=args.max_examples, sft_max_items=args.sft_max_items, seed=args.seed,
-        library=args.library, repeat_fraction=args.repeat_fraction, off_topic=not args.no_off_topic,
+        library=args.library, repeat_fraction=args.repeat_fraction, off_topic=args.off_topic,
     )
     manifest = prepare(config, Path(args.out))
     print(json.dumps({"artifact": args.out, "metrics": manifest["metrics"], "seconds": manifest["seconds"]}, indent=2))
@@ -300,8 +300,8 @@ def main(argv: list[str] | None = None) -> int:
         help="add this fraction of repeated-call examples, joined from single-call requests of the data (BFCL's parallel case)",
     )
     prep.add_argument(
-        "--no-off-topic", action="store_true",
-        help="leave out the off-topic refusal examples (small talk and trivia from the ChatterBot corpus)",
+        "--off-topic", action="store_true",
+        help="add off-topic requests (small talk, trivia from the ChatterBot corpus) as refusal examples",
     )
     prep.add_argument("--library", default=None, help="a large tool library (JSON Lines): also train its per-function retriever")
     prep.add_argument("--seed", type=int, default=0)

@@ -50,7 +50,7 @@ class PrepareConfig:
     data: list[str]
     val_fraction: float = 0.1
     refusal_fraction: float = 0.15  # extra no-call examples of each kind (near miss, unrelated tools, off-topic)
-    off_topic: bool = True  # also off-topic requests (small talk, trivia: data.off_topic_requests) as refusals
+    off_topic: bool = False  # also off-topic requests (small talk, trivia: data.off_topic_requests) as refusals
     repeat_fraction: float = 0.0  # extra repeated-call examples (data.repeated_examples), from the whole split
     shard_size: int = 64
     retriever: dict = field(default_factory=lambda: {"proj_dim": 256, "mlp_hidden": 0, "epochs": 30, "lr": 1e-3, "refusal_head": True})
@@ -261,15 +261,13 @@ def prepare(config: PrepareConfig, out: Path, large: Backend | None = None, smal
     started = time.perf_counter()
     everything = load_examples(config.data)
     examples = sample_by_pattern(everything, config.max_examples, config.seed) if config.max_examples else everything
-    # The whole data's split (the same hash split, a superset of a sample's): the library retriever
-    # trains on all of its training side, repeated-call examples are joined from all of it, and the
-    # retriever is calibrated on all of its validation side: a sample's tenth (89 requests of a
-    # 700 sample) placed the refusal threshold between two neighbouring scores.
-    all_train, all_val = split_examples(everything, config.val_fraction)
-    train, _ = split_examples(examples, config.val_fraction)
+    train, val = split_examples(examples, config.val_fraction)
     off_train, off_val = split_examples(off_topic_requests() if config.off_topic else [], config.val_fraction)
     train = augment_refusals(train, config.refusal_fraction, config.seed, off_train)
-    val = augment_refusals(all_val, config.refusal_fraction, config.seed + 1, off_val)
+    val = augment_refusals(val, config.refusal_fraction, config.seed + 1, off_val)
+    # The whole data's split (the same hash split, a superset of a sample's): the library
+    # retriever trains on all of it, and repeated-call examples are joined from all of it.
+    all_train, all_val = split_examples(everything, config.val_fraction)
     if config.repeat_fraction:
         train += repeated_examples(all_train, int(len(train) * config.repeat_fraction), config.seed)
         val += repeated_examples(all_val, int(len(val) * config.repeat_fraction), config.seed + 1)
