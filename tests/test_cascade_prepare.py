@@ -188,7 +188,8 @@ def test_library_retriever_benchmark_and_per_function_serving(data_file, tmp_pat
     assert lib_metrics["train_examples"] > 0 and "recall@1" in lib_metrics["validation"]
     joint = Retriever.load(tmp_path / "artifact" / "retriever")
     per_function = Retriever.load(tmp_path / "artifact" / "library_retriever")
-    assert per_function.meta["library"]["tools"] == 3
+    assert per_function.meta["library"]["tools"] == 3 and per_function.config.per_sentence
+    assert list((tmp_path / "artifact" / "library-sentences").glob("*.safetensors"))  # cached per-sentence tokens
 
     assert "lexical_fit" in lib_metrics
     # whatever the toy holdouts chose: one fused retriever, one on its cosine alone
@@ -211,10 +212,11 @@ def test_library_retriever_benchmark_and_per_function_serving(data_file, tmp_pat
     monkeypatch.setattr(HyFuncMethod, "MAX_PROMPT_TOOLS", 2)
     method = HyFuncMethod(large, small, joint, load_projector(tmp_path / "artifact"), library_retriever=per_function)
     method.use_library(library)
-    answer = method.answer([{"role": "user", "content": "What is the weather in Oslo?"}], library)
-    assert answer.cached_tokens > 0 and set(answer.details["ranking"]) == {t.name for t in library}
-    for call in answer.calls:
-        assert argument_errors(call, library) == []
+    for request in ("What is the weather in Oslo?", "What is the weather in Oslo? Then convert 20 USD to EUR please."):
+        answer = method.answer([{"role": "user", "content": request}], library)  # one sentence, then two
+        assert answer.cached_tokens > 0 and set(answer.details["ranking"]) == {t.name for t in library}
+        for call in answer.calls:
+            assert argument_errors(call, library) == []
     without = HyFuncMethod(large, small, joint, load_projector(tmp_path / "artifact"))
     with pytest.raises(ValueError, match="library retriever"):
         without.use_library(library)

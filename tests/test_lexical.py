@@ -64,3 +64,36 @@ def test_fusion_and_fitted_weight():
         RetrievalData(queries, functions, [[0, 1, 2, 3]] * 6, positives, lexical=lexical[:2])
     with pytest.raises(ValueError, match="lexical scores"):
         fit_lexical_weight(model, RetrievalData(queries, functions, [[0, 1, 2, 3]] * 6, positives))
+
+
+def test_sentence_scores_one_row_per_sentence():
+    index = LexicalIndex(TOOLS)
+    request = "I need the capacity of warehouse 44. What is it? Then get the layout of the library's third floor."
+    rows = index.sentence_scores(request)
+    assert rows.shape == (len(sentences(request)), 4) == (3, 4)
+    assert int(rows[0].argmax()) == 0 and int(rows[2].argmax()) == 1  # each sentence's own best tool
+    assert torch.equal(rows[1], torch.zeros(4))  # stopwords only
+    assert torch.equal(rows.max(0).values, index.scores(request))
+
+
+def test_per_sentence_queries_score_each_tool_by_its_best_sentence():
+    torch.manual_seed(0)
+    model = Retriever(RetrieverConfig(query_dim=8, function_dim=8, proj_dim=8, lexical_weight=2.0, per_sentence=True))
+    functions, sentence_queries = torch.randn(4, 8), [torch.randn(3, 8), torch.randn(1, 8)]
+    lexical = [torch.rand(3, 4), torch.rand(1, 4)]
+    cosine = model.scores(sentence_queries[0], functions)
+    assert cosine.shape == (3, 4)
+    for s in range(3):  # a row is that sentence's soft token scored alone
+        assert torch.allclose(cosine[s], model.scores(sentence_queries[0][s], functions))
+    fused = model.fuse(cosine, lexical[0])
+    assert torch.allclose(fused, (cosine + 2.0 * lexical[0]).max(0).values)
+    assert torch.allclose(model.scores(sentence_queries[0], functions, lexical[0]), fused)
+
+    data = RetrievalData(torch.randn(2, 8), functions, [[0, 1, 2, 3]] * 2, [[1], [2]], lexical=lexical,
+                         sentence_queries=sentence_queries)
+    scores = example_scores(model, data)
+    assert torch.allclose(scores[0], fused) and scores[1].shape == (4,)
+    assert set(calibrate(model, data)) >= {"threshold", "refusal_threshold"}
+    with pytest.raises(ValueError, match="each sentence"):
+        RetrievalData(torch.randn(2, 8), functions, [[0, 1, 2, 3]] * 2, [[1], [2]], lexical=[torch.rand(4), torch.rand(4)],
+                      sentence_queries=sentence_queries)

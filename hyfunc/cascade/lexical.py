@@ -66,16 +66,19 @@ class LexicalIndex:
         self._bm25 = bm25s.BM25()
         self._bm25.index(_tokens([tool_text(t) for t in tools]), show_progress=False)
 
+    def sentence_scores(self, request: str) -> torch.Tensor:
+        """(n_sentences, n_tools) in [0, 1], one row per `sentences(request)`: BM25 / that sentence's
+        best (a row of 0: no word matches, or stopwords only: "What is it?", which bm25s rejects)."""
+        rows = np.zeros((len(sentences(request)), self.size), dtype=np.float32)
+        for row, words in zip(rows, _tokens(sentences(request))):
+            raw = self._bm25.get_scores(words) if words else np.zeros(0)
+            if raw.size and raw.max() > 0:
+                row[:] = raw / raw.max()
+        return torch.from_numpy(rows)
+
     def scores(self, request: str) -> torch.Tensor:
-        """(n_tools,) in [0, 1]: the max over sentences of BM25 / that sentence's best (0: no word matches)."""
-        best = np.zeros(self.size, dtype=np.float32)
-        for words in _tokens(sentences(request)):
-            if not words:  # stopwords only ("What is it?"): nothing to match, and bm25s rejects it
-                continue
-            raw = self._bm25.get_scores(words)
-            if raw.max() > 0:
-                best = np.maximum(best, raw / raw.max())
-        return torch.from_numpy(best)
+        """(n_tools,) in [0, 1]: the max over sentences of `sentence_scores`."""
+        return self.sentence_scores(request).max(0).values
 
     def batch_scores(self, requests: Sequence[str]) -> torch.Tensor:
         """(n_requests, n_tools), one row per request as `scores` gives it."""

@@ -7,6 +7,15 @@ embeddings the default retriever is trained on, so a library gets its own retrie
 (`train_library_retriever`), trained on fc-train requests whose gold tools are in the library,
 whose score adds a lexical (BM25) part (lexical.py).
 
+A library request often asks for several unrelated tools in several sentences ("check the warehouse
+capacity ... then get the library layout ... finally ..."), and one soft token of the whole request
+leans to the first of them. So the library retriever queries per sentence: each sentence gets its
+own soft token (a short [instruction + sentence] pass) and its own BM25 scores, and a tool scores by
+the sentence that asks for it best (`Retriever.fuse`). The projections are still trained on whole
+requests; the lexical weight and the thresholds are fitted on per-sentence scores. On the 209
+held-out requests of `hyfunc bench retriever` (same projections) recall@5 rose from 94.2 % to
+94.97 %, the cosine alone from 46.3 % to 64.2 %.
+
 Library embeddings are computed once and cached in shards under
 ``$HYFUNC_HOME/library-embeddings/<model>-<hash>/``, so an interrupted run resumes and later runs
 start at once; the retriever's projection of the whole library is then one matrix.
@@ -23,7 +32,7 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from hyfunc.cascade.data import Example
-from hyfunc.cascade.lexical import LexicalIndex, fit_lexical_weight, fusion_split
+from hyfunc.cascade.lexical import LexicalIndex, fit_lexical_weight, fusion_split, sentences
 from hyfunc.cascade.retriever import RetrievalData, Retriever, calibrate, evaluate, new_retriever, train_retriever
 from hyfunc.cascade.shards import fill_shards, read_shards
 from hyfunc.cascade.soft_token import SoftTokenEncoder, tool_line
@@ -82,17 +91,42 @@ def request_tokens(encoder: SoftTokenEncoder, examples: Sequence[Example], direc
     return torch.stack([cached[ex.id] for ex in examples])
 
 
+def sentence_tokens(encoder: SoftTokenEncoder, request: str) -> torch.Tensor:
+    """(S, H): the soft token of [instruction + sentence] for each of `sentences(request)`."""
+    return torch.stack([encoder.encode_request(sentence).soft_token for sentence in sentences(request)])
+
+
+def request_sentence_tokens(encoder: SoftTokenEncoder, examples: Sequence[Example], directory: Path, shard_size: int = 64) -> list[torch.Tensor]:
+    """Per example its `sentence_tokens`, cached in id-keyed shards under `directory` (resumable)."""
+    by_id = {ex.id: ex for ex in examples}
+
+    def compute(ids: list[str], tick) -> dict[str, torch.Tensor]:
+        tokens = []
+        for ex_id in ids:
+            tokens.append(sentence_tokens(encoder, by_id[ex_id].query))
+            tick()
+        return {"soft_tokens": torch.cat(tokens), "counts": torch.tensor([len(t) for t in tokens])}
+
+    fill_shards(directory, list(by_id), compute, shard_size, "request sentence soft tokens")
+    cached = {}
+    for held, tensors in read_shards(directory, set(by_id)):
+        cached.update(zip(held, torch.split(tensors["soft_tokens"], tensors["counts"].tolist())))
+    return [cached[ex.id] for ex in examples]
+
+
 def library_retrieval_data(
     queries: torch.Tensor, functions: torch.Tensor, examples: Sequence[Example], library: Sequence[Tool],
-    lexical: LexicalIndex | None = None,
+    lexical: LexicalIndex | None = None, sentence_queries: list[torch.Tensor] | None = None,
 ) -> RetrievalData:
     """Every example's candidates are the whole library; its positives the tools its answer calls;
-    with `lexical`, each request's lexical scores of the library."""
+    with `lexical`, each request's lexical scores of the library (per sentence with `sentence_queries`)."""
     index = {t.name: i for i, t in enumerate(library)}
     everything = list(range(len(library)))
     positives = [sorted({index[c.name] for c in ex.answers}) for ex in examples]
-    scores = list(lexical.batch_scores([ex.query for ex in examples])) if lexical is not None else None
-    return RetrievalData(queries, functions, [everything] * len(examples), positives, lexical=scores)
+    scores = None
+    if lexical is not None:
+        scores = [lexical.sentence_scores(ex.query) for ex in examples] if sentence_queries is not None else list(lexical.batch_scores([ex.query for ex in examples]))
+    return RetrievalData(queries, functions, [everything] * len(examples), positives, lexical=scores, sentence_queries=sentence_queries)
 
 
 def train_library_retriever(
@@ -115,14 +149,21 @@ def train_library_retriever(
     lexical = LexicalIndex(library)
     requests = directory.parent / "library-requests"
 
-    def data(examples: Sequence[Example], with_lexical: bool = True) -> RetrievalData:
+    def data(examples: Sequence[Example], scoring: bool = True) -> RetrievalData:
+        """`scoring`: per-sentence queries and lexical scores, as the retriever scores a request;
+        else the whole-request soft tokens the projections are trained on."""
         tokens = request_tokens(encoder, examples, requests)
-        return library_retrieval_data(tokens, functions, examples, library, lexical if with_lexical else None)
+        if not scoring:
+            return library_retrieval_data(tokens, functions, examples, library)
+        per_sentence = request_sentence_tokens(encoder, examples, directory.parent / "library-sentences")
+        return library_retrieval_data(tokens, functions, examples, library, lexical, per_sentence)
 
     # Every example's candidates are the whole library, so each step projects all of it: larger
     # batches (fewer steps) keep an epoch cheap. No refusal head: every example here calls a tool.
-    retriever, training = new_retriever(functions.shape[1], {"batch_size": 128, **options, "refusal_head": False}, seed)
-    history = train_retriever(retriever, data(fit, with_lexical=False), seed=seed, **training)  # trains the cosine only
+    retriever, training = new_retriever(
+        functions.shape[1], {"batch_size": 128, **options, "refusal_head": False, "per_sentence": True}, seed
+    )
+    history = train_retriever(retriever, data(fit, scoring=False), seed=seed, **training)  # trains the cosine only
     val_data = data(val)
     metrics = {
         "loss_history": history,

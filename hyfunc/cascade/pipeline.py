@@ -26,8 +26,8 @@ from typing import Sequence
 
 import torch
 
-from hyfunc.cascade.lexical import LexicalIndex, lexical_scores
-from hyfunc.cascade.library import library_embeddings
+from hyfunc.cascade.lexical import LexicalIndex, lexical_scores, sentences
+from hyfunc.cascade.library import library_embeddings, sentence_tokens
 from hyfunc.cascade.retriever import Retriever
 from hyfunc.cascade.small_model import SoftTokenProjector, build_small_prompt, load_projector, prompt_embeds
 from hyfunc.cascade.soft_token import Encoding, LibraryCache, SoftTokenEncoder
@@ -202,16 +202,25 @@ class HyFuncMethod:
         timings: dict[str, float] = {}
         per_function = self._per_function if self._per_function is not None and self._per_function.tools == list(tools) else None
         encoding, reused, retriever = self._encode(messages, tools, per_function)
+        request = _request_text(messages)
+        queries = encoding.soft_token
+        if per_function is not None and retriever.config.per_sentence and len(sentences(request)) > 1:
+            # One short pass per sentence (library.py); a one-sentence request keeps its own token.
+            start = time.perf_counter()
+            queries = sentence_tokens(self.encoder, request)
+            encoding.seconds += time.perf_counter() - start
         timings["large_prefill"] = encoding.seconds
 
         start = time.perf_counter()
-        request = _request_text(messages)
         lexical = None
         if retriever.config.lexical_weight and len(tools):
             # A large library's index is built once; a short list is indexed in under a millisecond.
-            lexical = per_function.lexical.scores(request) if per_function is not None else lexical_scores(request, tools)
+            if per_function is None:
+                lexical = lexical_scores(request, tools)
+            else:
+                lexical = per_function.lexical.sentence_scores(request) if retriever.config.per_sentence else per_function.lexical.scores(request)
         with torch.no_grad():
-            cosine = retriever.scores(encoding.soft_token, encoding.function_embeddings) if len(tools) else torch.empty(0)
+            cosine = retriever.scores(queries, encoding.function_embeddings) if len(tools) else torch.empty(0)
         scores = retriever.fuse(cosine, lexical)
         answerable = float(retriever.answerability(encoding.soft_token, [cosine]))  # "no tool fits" below its threshold
         chosen = retriever.select_from_scores(scores, answerable) if len(tools) else []

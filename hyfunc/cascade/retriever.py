@@ -56,6 +56,7 @@ class RetrieverConfig:
     refusal_threshold: float = -1.0  # answerability below this: refuse (-1 on the cosine: never refuse)
     refusal_head: bool = False  # answerability from a trained classifier on the soft token, not the best cosine
     lexical_weight: float = 0.0  # weight of the request's BM25 score added to the cosine (lexical.py)
+    per_sentence: bool = False  # query with one soft token per sentence of the request (library.py)
 
 
 @dataclass
@@ -74,6 +75,9 @@ class RetrievalData:
     positives: list[list[int]]
     keys: list[str] | None = None
     lexical: list[torch.Tensor] | None = None  # per example: BM25 scores of its candidates (lexical.py)
+    # Per example, one soft token per sentence of its request (S_i, query_dim): scored instead of
+    # `queries` (which training and the refusal head still use); `lexical[i]` is then (S_i, n_i).
+    sentence_queries: list[torch.Tensor] | None = None
 
     def __post_init__(self) -> None:
         if not (len(self.queries) == len(self.candidates) == len(self.positives)):
@@ -83,8 +87,13 @@ class RetrievalData:
                 raise ValueError(f"example {i}: positives must be among its candidates")
         if self.keys is not None and len(self.keys) != len(self.functions):
             raise ValueError("keys must name every function row")
-        if self.lexical is not None and [len(x) for x in self.lexical] != [len(c) for c in self.candidates]:
+        if self.lexical is not None and [x.shape[-1] for x in self.lexical] != [len(c) for c in self.candidates]:
             raise ValueError("lexical must score every candidate of every example")
+        if self.sentence_queries is not None:
+            if len(self.sentence_queries) != len(self.candidates):
+                raise ValueError("sentence_queries must have one entry per example")
+            if self.lexical is not None and [x.shape[0] if x.dim() == 2 else -1 for x in self.lexical] != [len(q) for q in self.sentence_queries]:
+                raise ValueError("with sentence_queries, lexical must score each sentence: (S_i, n_i) per example")
 
     def __len__(self) -> int:
         return len(self.candidates)
@@ -95,6 +104,7 @@ class RetrievalData:
             self.queries[list(indices)], self.functions,
             [self.candidates[i] for i in indices], [self.positives[i] for i in indices], self.keys,
             [self.lexical[i] for i in indices] if self.lexical is not None else None,
+            [self.sentence_queries[i] for i in indices] if self.sentence_queries is not None else None,
         )
 
 
@@ -141,12 +151,14 @@ class Retriever(nn.Module):
     @torch.no_grad()
     def scores(self, query_vec: torch.Tensor, function_vecs: torch.Tensor, lexical: torch.Tensor | None = None) -> torch.Tensor:
         """Scores (n,) of one soft token against each function embedding: the cosine similarity,
-        plus lexical_weight times `lexical` (the request's BM25 scores of those functions) if given."""
+        plus lexical_weight times `lexical` (the request's BM25 scores of those functions) if given.
+        A (S, query_dim) query (one soft token per sentence) gives (S, n) cosines, or with `lexical`
+        (S, n) the fused scores of `fuse`."""
         was_training = self.training
         self.eval()
-        out = self.project_functions(function_vecs) @ self.project_queries(query_vec)
+        out = self.project_queries(query_vec) @ self.project_functions(function_vecs).T
         self.train(was_training)
-        return self.fuse(out, lexical)
+        return out if lexical is None else self.fuse(out, lexical)
 
     @torch.no_grad()
     def answerability(self, query_vecs: torch.Tensor, cosines: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -155,12 +167,13 @@ class Retriever(nn.Module):
         `query_vecs` (N, query_dim) are soft tokens, `cosines[i]` request i's cosines."""
         if self.refusal is not None:
             return self.refusal((query_vecs.float().reshape(-1, self.config.query_dim) - self.query_mean) / self.query_std).squeeze(-1)
-        return torch.tensor([float(c.max()) if len(c) else -math.inf for c in cosines])
+        return torch.tensor([float(c.max()) if c.numel() else -math.inf for c in cosines])
 
     def fuse(self, cosine: torch.Tensor, lexical: torch.Tensor | None) -> torch.Tensor:
-        if lexical is None or self.config.lexical_weight == 0:
-            return cosine
-        return cosine + self.config.lexical_weight * lexical.to(cosine.dtype)
+        """cosine + lexical_weight * lexical, (n,). Per sentence ((S, n) each: a sentence's soft token
+        and its own BM25 scores), a tool scores by the sentence that asks for it best."""
+        fused = cosine if lexical is None or self.config.lexical_weight == 0 else cosine + self.config.lexical_weight * lexical.to(cosine.dtype)
+        return fused.max(0).values if fused.dim() == 2 else fused
 
     def select(self, query_vec: torch.Tensor, function_vecs: torch.Tensor, lexical: torch.Tensor | None = None) -> list[int]:
         """Indices of the functions to offer, best first; [] means refuse."""
@@ -329,10 +342,13 @@ def train_refusal_head(model: Retriever, data: RetrievalData, l2: float = 1e-3) 
 
 @torch.no_grad()
 def example_cosines(model: Retriever, data: RetrievalData) -> list[torch.Tensor]:
-    """Cosine of each example's soft token with each of its own candidates."""
+    """Cosine of each example's soft token with each of its own candidates ((S_i, n_i) with
+    `sentence_queries`: one row per sentence)."""
     model.eval()
-    zq = model.project_queries(data.queries)
     zf = model.project_functions(data.functions)
+    if data.sentence_queries is not None:
+        return [model.project_queries(q) @ zf[cand].T for q, cand in zip(data.sentence_queries, data.candidates)]
+    zq = model.project_queries(data.queries)
     return [zf[cand] @ zq[i] for i, cand in enumerate(data.candidates)]
 
 
