@@ -82,3 +82,12 @@ def test_per_function_mode(encoder):
     alone = encoder.encode_request(REQUEST)
     assert torch.allclose(alone.soft_token, encoder.encode(REQUEST, []).soft_token, atol=1e-5)
     assert alone.function_embeddings.shape == (0, encoder.backend.hidden_size) and alone.cached_tokens > 0
+
+
+def test_batched_requests_equal_one_at_a_time(encoder):
+    requests = [REQUEST, "Book a table for four people tonight, please, at eight.", "Hi"]  # lengths differ: padding
+    batched = encoder.encode_requests(requests)
+    assert batched.shape == (3, encoder.backend.hidden_size)
+    for row, request in zip(batched, requests):
+        assert torch.allclose(row, encoder.encode_request(request).soft_token, atol=1e-5)
+    assert encoder.encode_requests([]).shape == (0, encoder.backend.hidden_size)

@@ -215,6 +215,34 @@ class SoftTokenEncoder:
             self._no_tools = self.build_library([])
         return self.encode(request, self._no_tools)
 
+    @torch.inference_mode()
+    def encode_requests(self, requests: Sequence[str]) -> torch.Tensor:
+        """(n, H): `encode_request(r).soft_token` of each request, in one batched pass after the
+        instruction's cached KV (the sentences of a request, library.py). Suffixes are right-padded:
+        under causal attention a real token never sees the padding after it, and each soft token
+        is read at its own last token. One short pass reads the weights once, however many rows."""
+        if not requests:
+            return torch.empty(0, self.backend.hidden_size)
+        if self._no_tools is None:
+            self._no_tools = self.build_library([])
+        library = self._no_tools
+        suffixes = []
+        for request in requests:
+            before, after = self.split_template(request)
+            if before != library.before_text:
+                raise ValueError("this request renders a different prompt prefix than the instruction cache was built with")
+            suffixes.append(self.backend.encode(after))
+        width = max(len(s) for s in suffixes)
+        pad = self.backend.tokenizer.pad_token_id or 0
+        device = self.backend.device
+        ids = torch.tensor([s + [pad] * (width - len(s)) for s in suffixes], device=device)
+        cache = self.backend.fork(library.cache)
+        cache.batch_repeat_interleave(len(suffixes))
+        past = len(library.prefix_ids)
+        positions = torch.arange(past, past + width, device=device).expand(len(suffixes), -1)
+        hidden = self.backend.model.get_decoder()(input_ids=ids, cache=cache, position_ids=positions, use_cache=True).last_hidden_state
+        return _to_output(torch.stack([hidden[row, len(s) - 1] for row, s in enumerate(suffixes)]))
+
     def embed_functions(self, tools: ToolsLike, batch_size: int | None = None) -> torch.Tensor:
         """(n, H): each tool embedded in its own prompt [template + instruction + that tool].
 
