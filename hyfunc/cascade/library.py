@@ -10,7 +10,7 @@ whose score adds a lexical (BM25) part (lexical.py).
 A library request often asks for several unrelated tools in several sentences ("check the warehouse
 capacity ... then get the library layout ... finally ..."), and one soft token of the whole request
 leans to the first of them. So the library retriever queries per sentence: each sentence gets its
-own soft token (a short [instruction + sentence] pass) and its own BM25 scores, and a tool scores by
+own soft token ([instruction + sentence], all in one batched pass) and its own BM25 scores, and a tool scores by
 the sentence that asks for it best (`Retriever.fuse`). The projections are still trained on whole
 requests; the lexical weight and the thresholds are fitted on per-sentence scores. On the 209
 held-out requests of `hyfunc bench retriever` (same projections) recall@5 rose from 94.2 % to

@@ -205,7 +205,7 @@ class HyFuncMethod:
         request = _request_text(messages)
         queries = encoding.soft_token
         if per_function is not None and retriever.config.per_sentence and len(sentences(request)) > 1:
-            # One short pass per sentence (library.py); a one-sentence request keeps its own token.
+            # The sentences in one batched pass (library.py); a one-sentence request keeps its own token.
             start = time.perf_counter()
             queries = sentence_tokens(self.encoder, request)
             encoding.seconds += time.perf_counter() - start
