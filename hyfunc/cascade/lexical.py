@@ -69,8 +69,9 @@ class LexicalIndex:
     def sentence_scores(self, request: str) -> torch.Tensor:
         """(n_sentences, n_tools) in [0, 1], one row per `sentences(request)`: BM25 / that sentence's
         best (a row of 0: no word matches, or stopwords only: "What is it?", which bm25s rejects)."""
-        rows = np.zeros((len(sentences(request)), self.size), dtype=np.float32)
-        for row, words in zip(rows, _tokens(sentences(request))):
+        parts = sentences(request)
+        rows = np.zeros((len(parts), self.size), dtype=np.float32)
+        for row, words in zip(rows, _tokens(parts)):
             raw = self._bm25.get_scores(words) if words else np.zeros(0)
             if raw.size and raw.max() > 0:
                 row[:] = raw / raw.max()

@@ -91,19 +91,22 @@ def request_tokens(encoder: SoftTokenEncoder, examples: Sequence[Example], direc
     return torch.stack([cached[ex.id] for ex in examples])
 
 
-def sentence_tokens(encoder: SoftTokenEncoder, request: str) -> torch.Tensor:
-    """(S, H): the soft token of [instruction + sentence] for each of `sentences(request)`, batched."""
-    return encoder.encode_requests(sentences(request))
+def sentence_queries(encoder: SoftTokenEncoder, request: str, whole: torch.Tensor) -> torch.Tensor:
+    """(S, H): what a per-sentence retriever scores `request` with: the soft token of [instruction +
+    sentence] for each of `sentences(request)`, batched; a one-sentence request keeps `whole`, its
+    own soft token, and costs no extra pass."""
+    parts = sentences(request)
+    return encoder.encode_requests(parts) if len(parts) > 1 else whole[None]
 
 
 def request_sentence_tokens(encoder: SoftTokenEncoder, examples: Sequence[Example], directory: Path, shard_size: int = 64) -> list[torch.Tensor]:
-    """Per example its `sentence_tokens`, cached in id-keyed shards under `directory` (resumable)."""
+    """Per example the soft tokens of its sentences, cached in id-keyed shards under `directory` (resumable)."""
     by_id = {ex.id: ex for ex in examples}
 
     def compute(ids: list[str], tick) -> dict[str, torch.Tensor]:
         tokens = []
         for ex_id in ids:
-            tokens.append(sentence_tokens(encoder, by_id[ex_id].query))
+            tokens.append(encoder.encode_requests(sentences(by_id[ex_id].query)))
             tick()
         return {"soft_tokens": torch.cat(tokens), "counts": torch.tensor([len(t) for t in tokens])}
 

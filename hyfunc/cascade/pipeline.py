@@ -26,8 +26,8 @@ from typing import Sequence
 
 import torch
 
-from hyfunc.cascade.lexical import LexicalIndex, lexical_scores, sentences
-from hyfunc.cascade.library import library_embeddings, sentence_tokens
+from hyfunc.cascade.lexical import LexicalIndex, lexical_scores
+from hyfunc.cascade.library import library_embeddings, sentence_queries
 from hyfunc.cascade.retriever import Retriever
 from hyfunc.cascade.small_model import SoftTokenProjector, build_small_prompt, load_projector, prompt_embeds
 from hyfunc.cascade.soft_token import Encoding, LibraryCache, SoftTokenEncoder
@@ -204,10 +204,9 @@ class HyFuncMethod:
         encoding, reused, retriever = self._encode(messages, tools, per_function)
         request = _request_text(messages)
         queries = encoding.soft_token
-        if per_function is not None and retriever.config.per_sentence and len(sentences(request)) > 1:
-            # The sentences in one batched pass (library.py); a one-sentence request keeps its own token.
+        if per_function is not None and retriever.config.per_sentence:
             start = time.perf_counter()
-            queries = sentence_tokens(self.encoder, request)
+            queries = sentence_queries(self.encoder, request, encoding.soft_token)
             encoding.seconds += time.perf_counter() - start
         timings["large_prefill"] = encoding.seconds
 

@@ -218,9 +218,8 @@ class SoftTokenEncoder:
     @torch.inference_mode()
     def encode_requests(self, requests: Sequence[str]) -> torch.Tensor:
         """(n, H): `encode_request(r).soft_token` of each request, in one batched pass after the
-        instruction's cached KV (the sentences of a request, library.py). Suffixes are right-padded:
-        under causal attention a real token never sees the padding after it, and each soft token
-        is read at its own last token. One short pass reads the weights once, however many rows."""
+        instruction's cached KV (the sentences of a request, library.py), each soft token read at
+        its own last token. One short pass reads the weights once, however many rows."""
         if not requests:
             return torch.empty(0, self.backend.hidden_size)
         if self._no_tools is None:
@@ -232,16 +231,23 @@ class SoftTokenEncoder:
             if before != library.before_text:
                 raise ValueError("this request renders a different prompt prefix than the instruction cache was built with")
             suffixes.append(self.backend.encode(after))
-        width = max(len(s) for s in suffixes)
-        pad = self.backend.tokenizer.pad_token_id or 0
-        device = self.backend.device
-        ids = torch.tensor([s + [pad] * (width - len(s)) for s in suffixes], device=device)
-        cache = self.backend.fork(library.cache)
-        cache.batch_repeat_interleave(len(suffixes))
-        past = len(library.prefix_ids)
-        positions = torch.arange(past, past + width, device=device).expand(len(suffixes), -1)
-        hidden = self.backend.model.get_decoder()(input_ids=ids, cache=cache, position_ids=positions, use_cache=True).last_hidden_state
+        hidden = self._padded_pass(library.cache, suffixes)
         return _to_output(torch.stack([hidden[row, len(s) - 1] for row, s in enumerate(suffixes)]))
+
+    def _padded_pass(self, prefix: DynamicCache, lines: list[list[int]]) -> torch.Tensor:
+        """(len(lines), width, H) last hidden states of `lines` run in one batch after a copy of
+        `prefix`'s KV cache. Lines are right-padded: under causal attention a real token never
+        sees the padding after it, so no attention mask is needed and every real position equals
+        what that line alone would give."""
+        device = self.backend.device
+        width = max(len(line) for line in lines)
+        pad = self.backend.tokenizer.pad_token_id or 0
+        ids = torch.tensor([line + [pad] * (width - len(line)) for line in lines], device=device)
+        cache = self.backend.fork(prefix)
+        cache.batch_repeat_interleave(len(lines))
+        past = prefix.get_seq_length()
+        positions = torch.arange(past, past + width, device=device).expand(len(lines), -1)
+        return self.backend.model.get_decoder()(input_ids=ids, cache=cache, position_ids=positions, use_cache=True).last_hidden_state
 
     def embed_functions(self, tools: ToolsLike, batch_size: int | None = None) -> torch.Tensor:
         """(n, H): each tool embedded in its own prompt [template + instruction + that tool].
@@ -255,11 +261,8 @@ class SoftTokenEncoder:
 
     @torch.inference_mode()
     def _embed_functions(self, tools: list[Tool], batch_size: int) -> torch.Tensor:
-        model, device = self.backend.model, self.backend.device
         before, _ = self.split_template("")
         prefix = self.backend.prefill(self.backend.encode(before))
-        past = prefix.get_seq_length()
-        pad = self.backend.tokenizer.pad_token_id or 0
         encoded = [self.backend.encode(tool_line(t)) for t in tools]
         # Batches of similar lengths: padding is compute thrown away (lengths vary ~10x in a library).
         order = sorted(range(len(tools)), key=lambda i: len(encoded[i]))
@@ -267,15 +270,6 @@ class SoftTokenEncoder:
         for b in range(0, len(order), batch_size):
             batch = order[b : b + batch_size]
             lines = [encoded[i] for i in batch]
-            width = max(len(line) for line in lines)
-            ids = torch.tensor([line + [pad] * (width - len(line)) for line in lines], device=device)
-            cache = self.backend.fork(prefix)
-            cache.batch_repeat_interleave(len(lines))
-            positions = torch.arange(past, past + width, device=device).expand(len(lines), -1)
-            result = model(
-                input_ids=ids, cache=cache, position_ids=positions, use_cache=True,
-                output_hidden_states=True, logits_to_keep=1,
-            )
-            hidden = result.hidden_states[-1].float()
+            hidden = self._padded_pass(prefix, lines).float()
             out.update((i, hidden[row, : len(line)].mean(0)) for row, (i, line) in enumerate(zip(batch, lines)))
         return torch.stack([out[i] for i in range(len(tools))]) if out else torch.empty(0, self.backend.hidden_size)
