@@ -15,9 +15,6 @@ from hyfunc.methods.base import Answer
 from hyfunc.methods.direct import PROMPT_STYLES
 from hyfunc.models.registry import DEFAULT_LARGE, DEFAULT_MODELS, DEFAULT_SMALL, ModelNotAvailable
 
-#: The cascade stages that can be switched off (fields of `hyfunc.cascade.pipeline.CascadeOptions`).
-CASCADE_STAGES = ["soft_token", "retriever", "templating", "call_count"]
-
 
 def _add_method_args(parser: argparse.ArgumentParser, prefix_caching: bool) -> None:
     parser.add_argument("--method", default="hyfunc", choices=METHODS, help="answering method (default: the cascade)")
@@ -25,7 +22,7 @@ def _add_method_args(parser: argparse.ArgumentParser, prefix_caching: bool) -> N
         "--artifact", help="cascade directory made by `hyfunc prepare` (method hyfunc; default: the shipped one)"
     )
     parser.add_argument(
-        "--ablate", nargs="+", default=[], choices=CASCADE_STAGES,
+        "--ablate", nargs="+", default=[], choices=["soft_token", "retriever", "templating"],
         help="switch cascade stages off (method hyfunc)",
     )
     parser.add_argument("--model", default=DEFAULT_LARGE, help="alias, local path or Hugging Face id (method direct)")
@@ -259,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         help="also answer every case with these prepared cascades (e.g. another small model), side by side",
     )
     bfcl.add_argument(
-        "--ablations", nargs="+", default=[], choices=CASCADE_STAGES,
+        "--ablations", nargs="+", default=[], choices=["soft_token", "retriever", "templating"],
         help="also run the cascade with each of these stages switched off (one variant per stage)",
     )
     bfcl.set_defaults(func=cmd_eval_bfcl)

@@ -301,23 +301,16 @@ def test_invalid_gold_is_rejected(backend):
         target_token_mask(backend, [Call("get", {"extra": 1})], TOOLS)
 
 
-def test_required_calls_override_a_model_that_prefers_to_stop(backend):
+def test_required_call_overrides_a_model_that_prefers_no_call(backend):
     close = ids_of(backend, "]")
     assert close
     w = Wrapped(backend, lambda l, pos: l.index_fill(0, torch.tensor(close), math.inf))  # ']' beats everything
     dec = TemplateDecoder(w, max_calls=3, max_string_tokens=4, max_array_items=2)
     assert dec.decode(w.start("What is the weather?"), TOOLS).calls == []
-    out = dec.decode(w.start("What is the weather?"), TOOLS, min_calls=1)
+    out = dec.decode(w.start("What is the weather?"), TOOLS, require_call=True)
     check_output(backend, out, TOOLS)
     assert len(out.calls) == 1  # and then ']' ends the list
-    # The same ']'-loving model writes the same call each time: the repeat guard still ends the list...
-    assert len(dec.decode(w.start("What is the weather?"), TOOLS, min_calls=3).calls) == 1
-    # ...and without it, separators are injected up to the bound (here the cap).
-    unguarded = TemplateDecoder(w, max_calls=3, max_string_tokens=4, max_array_items=2, stop_on_repeat=False)
-    out = unguarded.decode(w.start("What is the weather?"), TOOLS, min_calls=3)
-    check_output(backend, out, TOOLS)
-    assert len(out.calls) == 3
-    assert dec.decode(w.start("x"), [], min_calls=1).text == "[]"  # nothing offered: nothing to call
+    assert dec.decode(w.start("x"), [], require_call=True).text == "[]"  # nothing offered: nothing to call
 
 
 def test_drafts_save_passes_without_changing_the_output():
@@ -395,12 +388,12 @@ def test_a_call_repeated_word_for_word_is_taken_back_and_the_list_closed(backend
     tools = TOOLS[1:2]  # "get", no arguments: every call is the same text
     looping = TemplateDecoder(Wrapped(backend, bias), max_calls=4, stop_on_repeat=False)
     looped = looping.backend.start("Get it.")
-    out = looping.decode(looped, tools, min_calls=1)
+    out = looping.decode(looped, tools, require_call=True)
     assert [c.name for c in out.calls] == ["get"] * 4  # without the guard: repeats up to the cap
     w = Wrapped(backend, bias)
     guarded = TemplateDecoder(w, max_calls=4)
     step = w.start("Get it.")
-    out = guarded.decode(step, tools, min_calls=1)
+    out = guarded.decode(step, tools, require_call=True)
     check_output(backend, out, tools)
     assert out.text == '[{"name": "get", "arguments": {}}]'
     # The first call and the separator were run through the model to choose what follows; taking
@@ -422,10 +415,10 @@ def test_an_array_item_repeating_an_earlier_one_is_taken_back_and_the_array_clos
         "counts": {"type": "array", "items": {"type": "integer"}}}, "required": ["tags"]}}])
     looping = TemplateDecoder(Wrapped(backend, bias), max_calls=1, max_string_tokens=3, max_array_items=5,
                               stop_on_repeat=False)
-    out = looping.decode(looping.backend.start("Tag it."), tools, min_calls=1)
+    out = looping.decode(looping.backend.start("Tag it."), tools, require_call=True)
     assert len(out.calls[0].arguments["tags"]) == 5  # without the guard: repeats up to the cap
     guarded = TemplateDecoder(Wrapped(backend, bias), max_calls=1, max_string_tokens=3, max_array_items=5)
-    out = guarded.decode(guarded.backend.start("Tag it."), tools, min_calls=1)
+    out = guarded.decode(guarded.backend.start("Tag it."), tools, require_call=True)
     check_output(backend, out, tools)
     arguments = out.calls[0].arguments
     assert arguments["tags"] == [",,,"]  # the second ",,," was taken back and the array closed

@@ -6,8 +6,7 @@ Per request:
   2. the retriever keeps the relevant tools, or none ("no tool fits" -> no call), by the soft
      token's cosine with each tool plus a weighted lexical score of the request (lexical.py);
   3. the small model reads [instruction + retrieved tools + request + projected soft token] and
-     the templating decoder writes the call list, generating only what the schemas leave open,
-     at least as many calls as the call-count head on the soft token is sure of (call_count.py).
+     the templating decoder writes the call list, generating only what the schemas leave open.
 
 An artifact directory (written by `hyfunc prepare`) holds what was trained::
 
@@ -16,7 +15,6 @@ An artifact directory (written by `hyfunc prepare`) holds what was trained::
     projector.safetensors, projector.json
     adapter/             LoRA adapter of the small model (peft), optional
     library_retriever/   retriever for a large library in per-function mode, optional
-    call_count/          lower bound on the number of calls, optional
 """
 from __future__ import annotations
 
@@ -28,7 +26,6 @@ from typing import Sequence
 
 import torch
 
-from hyfunc.cascade.call_count import CallCountHead
 from hyfunc.cascade.lexical import LexicalIndex, lexical_scores
 from hyfunc.cascade.library import library_embeddings, sentence_queries
 from hyfunc.cascade.retriever import Retriever
@@ -53,7 +50,6 @@ class CascadeOptions:
     soft_token: bool = True  # insert the projected soft token into the small model's prompt
     retriever: bool = True  # False: the small model sees every offered tool
     templating: bool = True  # False: free greedy decoding of the call text, then parsed
-    call_count: bool = True  # False: the small model alone decides how many calls (at least one)
 
 
 @dataclass
@@ -103,13 +99,11 @@ class HyFuncMethod:
         name: str = "hyfunc",
         shared_pass: SharedLargePass | None = None,
         library_retriever: Retriever | None = None,
-        call_count: CallCountHead | None = None,
     ):
         self.large, self.small = large, small
         self.encoder = SoftTokenEncoder(large)
         self.retriever = retriever
         self.library_retriever = library_retriever
-        self.call_count = call_count
         self.projector = projector.to(small.device).eval() if projector is not None else None
         self.options = options or CascadeOptions()
         if self.options.soft_token and self.projector is None:
@@ -135,8 +129,7 @@ class HyFuncMethod:
         """The same trained parts under other options (an ablation); both then share each
         request's large-model pass, so a side-by-side run pays for it once."""
         return HyFuncMethod(
-            self.large, self.small, self.retriever, self.projector, options, name, self._shared_pass(),
-            self.library_retriever, self.call_count,
+            self.large, self.small, self.retriever, self.projector, options, name, self._shared_pass(), self.library_retriever
         )
 
     @classmethod
@@ -165,11 +158,7 @@ class HyFuncMethod:
         projector = load_projector(directory) if (directory / "projector.json").is_file() else None
         retriever = Retriever.load(directory / "retriever")
         library_retriever = Retriever.load(directory / "library_retriever") if (directory / "library_retriever").is_dir() else None
-        call_count = CallCountHead.load(directory / "call_count") if (directory / "call_count").is_dir() else None
-        return cls(
-            large, small, retriever, projector, options, name=f"hyfunc:{directory.name}",
-            library_retriever=library_retriever, call_count=call_count,
-        )
+        return cls(large, small, retriever, projector, options, name=f"hyfunc:{directory.name}", library_retriever=library_retriever)
 
     #: Libraries up to this many tools are read in one prompt (joint mode); larger ones per function.
     MAX_PROMPT_TOOLS = 128
@@ -261,14 +250,10 @@ class HyFuncMethod:
             timings["small_prefill"] = time.perf_counter() - start
             start = time.perf_counter()
             # "No tool fits" is the retriever's decision: once it has selected tools, the small
-            # model writes at least one call (left to choose, it refused far too often), and at
-            # least as many as the call-count head is sure the request asks for (trained on soft
-            # tokens of requests read with their tools: not those of a per-function library).
-            min_calls = int(self.options.retriever)
-            if min_calls and self.options.call_count and self.call_count is not None and per_function is None:
-                min_calls = self.call_count.at_least(encoding.soft_token)
-            answer.details["min_calls"] = min_calls
-            out = self.decoder.decode(step, selected, min_calls=min_calls, draft_source=request)
+            # model writes at least one call (left to choose, it refused far too often).
+            out = self.decoder.decode(
+                step, selected, require_call=self.options.retriever, draft_source=request
+            )
             timings["small_decode"] = time.perf_counter() - start
             answer.calls, answer.raw_text = out.calls, out.text
             answer.output_tokens, answer.injected_tokens = out.generated_tokens, out.injected_tokens

@@ -1,4 +1,4 @@
-"""Offline preparation of a cascade (`hyfunc prepare`): embeddings -> retriever, call count -> small-model SFT.
+"""Offline preparation of a cascade (`hyfunc prepare`): embeddings -> retriever -> small-model SFT.
 
 Every stage writes its result into the artifact directory and is skipped when that result is
 already there, so an interrupted run resumes where it stopped:
@@ -7,7 +7,6 @@ already there, so an interrupted run resumes where it stopped:
                                    `shard_size` examples keyed by example id (written whole or not at all)
     retriever/                     trained + calibrated retriever, cosine fused with lexical scores
                                    (manifest written last)
-    call_count/                    head on the soft token: how many calls a request surely asks for
     library_retriever/, library-requests/   with --library: a retriever for that library in
                                    per-function mode, and its cached request soft tokens
     sft/                           small-model checkpoint (projector, LoRA adapter, step), per epoch
@@ -30,8 +29,6 @@ import torch
 from safetensors.torch import load_file
 from tqdm.auto import tqdm
 
-from hyfunc.cascade.call_count import CallCountHead, train_call_count_head
-from hyfunc.cascade.call_count import calibrate as calibrate_call_count
 from hyfunc.cascade.data import (
     Example, augment_refusals, call_pattern, load_examples, off_topic_requests, repeated_examples, sample_by_pattern,
     split_examples,
@@ -147,24 +144,6 @@ def prepare_retriever(
     metrics = {"loss_history": history, "lexical_fit": lexical_fit, "calibration": calibration, "validation": evaluate(retriever, val)}
     retriever.save(directory, meta={"metrics": metrics})
     return retriever, metrics
-
-
-def prepare_call_count(
-    directory: Path, train: list[Example], val: list[Example], embeddings: dict[str, tuple[torch.Tensor, torch.Tensor]],
-) -> dict:
-    """The call-count head on the soft tokens of the requests that call tools; its threshold from `val`."""
-    if (directory / "manifest.json").is_file():
-        return CallCountHead.load(directory).meta.get("metrics", {})
-
-    def counted(examples: list[Example]) -> tuple[torch.Tensor, list[int]]:
-        calling = [ex for ex in examples if ex.answers]
-        tokens = torch.stack([embeddings[ex.id][0] for ex in calling]) if calling else torch.zeros(0, 0)
-        return tokens, [len(ex.answers) for ex in calling]
-
-    head = train_call_count_head(*counted(train))
-    metrics = calibrate_call_count(head, *counted(val))
-    head.save(directory, meta={"metrics": metrics})
-    return metrics
 
 
 # ---------------------------------------------------------------------------------------------
@@ -304,7 +283,6 @@ def prepare(config: PrepareConfig, out: Path, large: Backend | None = None, smal
         large.hidden_size, dict(config.retriever), config.seed,
     )
     timings["retriever"] = time.perf_counter() - start
-    call_count_metrics = prepare_call_count(out / "call_count", train, val, embeddings)
 
     library_metrics = None
     if config.library:
@@ -335,7 +313,7 @@ def prepare(config: PrepareConfig, out: Path, large: Backend | None = None, smal
         "models": {"large": model_record(large, config.large_model), "small": model_record(small, config.small_model)},
         "data": {"paths": config.data, "sha256": data_hash(config.data), "train": len(train), "validation": len(val)},
         "config": asdict(config),
-        "metrics": {"retriever": retriever_metrics, "call_count": call_count_metrics, "sft": sft_metrics, **({"library_retriever": library_metrics} if library_metrics else {})},
+        "metrics": {"retriever": retriever_metrics, "sft": sft_metrics, **({"library_retriever": library_metrics} if library_metrics else {})},
         "seconds": timings,
         # A resumed run skips finished stages, so its own times understate them: keep earlier runs' times.
         "earlier_runs": _earlier_runs(out / "manifest.json"),

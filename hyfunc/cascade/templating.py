@@ -11,9 +11,8 @@ then the chosen optional keys, also in schema order. `render_target` renders gol
 The skeleton comes from the candidate tools' *schemas* only. The model (greedy, its logits
 restricted to what is allowed at that point) chooses:
 
-- whether to call anything (``[]`` is an option unless the caller requires calls), which offered tool (a trie over the
-  JSON-encoded names), how many calls (after each call ``, `` for another or ``]``, once the caller's lower bound
-  `min_calls` is reached; capped; a call repeated word for
+- whether to call anything (``[]`` is an option unless the caller requires a call), which offered tool (a trie over the
+  JSON-encoded names), how many calls (after each call ``, `` for another or ``]``; capped; a call repeated word for
   word is a greedy loop: it is taken back and the list closed, unless ``stop_on_repeat=False``; the same for an
   array item (string, object or array) that repeats an earlier one);
 - which optional parameters to fill (after the required keys are injected, a choice among the
@@ -670,10 +669,10 @@ class _Session:
 class _Walker:
     """Walks the template; `gold` arguments are only used (and required) in teacher mode."""
 
-    def __init__(self, dec: TemplateDecoder, s: _Session, min_calls: int = 0):
+    def __init__(self, dec: TemplateDecoder, s: _Session, require_call: bool = False):
         self.dec = dec
         self.s = s
-        self.min_calls = min_calls
+        self.require_call = require_call
         self.v = s.vocab
         self.teacher = s.teacher
 
@@ -710,7 +709,7 @@ class _Walker:
             return _Follow(then=tuple(s._choice_path(names, "", g, heads[g]))) if not self.teacher else _DECISION
 
         n = 0
-        if self.min_calls and not self.teacher:
+        if self.require_call and not self.teacher:
             s.inject(opener)
         elif s.choose([opener, "]"], (0 if gold else 1) if self.teacher else None, (0, 1), [next_call(), _DECISION]):
             return
@@ -745,9 +744,6 @@ class _Walker:
                 s.inject("]")
                 return
             before_separator = s.mark() if not self.teacher else None
-            if n < self.min_calls and not self.teacher:
-                s.inject(separator[0])  # the caller's lower bound: not the model's choice
-                continue
             gold_choice = (0 if n < len(gold) else 1) if self.teacher else None
             if s.choose(separator, gold_choice, (0, 1) if more else (1, 0), [upcoming, _DECISION]) == 1:
                 return
@@ -1093,17 +1089,16 @@ class TemplateDecoder:
         return self._vocab
 
     def decode(
-        self, step: StepOutput, tools: Sequence[Tool], min_calls: int = 0, draft_source: str = ""
+        self, step: StepOutput, tools: Sequence[Tool], require_call: bool = False, draft_source: str = ""
     ) -> TemplatedOutput:
-        """`min_calls`: at least this many calls when `tools` is not empty (the caller has already
-        decided that a tool fits, e.g. the retriever, and maybe how many calls are asked for); with 0,
-        ``[]`` is the model's choice. The cap `max_calls` and the guard against repeats still apply.
+        """`require_call`: at least one call when `tools` is not empty (the caller has already
+        decided that a tool fits, e.g. the retriever); otherwise ``[]`` is the model's choice.
         `draft_source`: text that string values are likely copied from (the request); drafts
         from it are verified by the model, so they change the speed, not the output."""
         start = time.perf_counter()
         vocab = self.vocab(int(step.logits.shape[-1]))
         session = _Session(self, vocab, step, teacher=False, draft_source=draft_source)
-        _Walker(self, session, min_calls).calls(list(tools), None)
+        _Walker(self, session, require_call).calls(list(tools), None)
         session.finish()
         text = session.text
         data = json.loads(text)

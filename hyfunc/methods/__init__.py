@@ -26,7 +26,7 @@ def load_method(
 
     direct: `model` answers with every tool in its prompt. hyfunc: the cascade prepared in the
     `artifact` directory (default: the shipped one); `ablate` switches stages off ("soft_token",
-    "retriever", "templating", "call_count"). `backend`: an already loaded Backend of `model` to reuse (direct).
+    "retriever", "templating"). `backend`: an already loaded Backend of `model` to reuse (direct).
     """
     if name == "hyfunc":
         from hyfunc.cascade.pipeline import DEFAULT_ARTIFACT, CascadeOptions, HyFuncMethod
