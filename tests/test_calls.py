@@ -13,6 +13,7 @@ from hyfunc.formats.calls import (
     render_json_calls,
     render_python_calls,
     render_tool_call_blocks,
+    same_calls,
     to_bfcl_output,
     to_openai_tool_calls,
 )
@@ -199,3 +200,11 @@ def test_parse_calls_rejects_malformed_attempts(text, message):
     with pytest.raises(CallParseError) as info:
         parse_calls(text)
     assert message in str(info.value)
+
+
+def test_same_calls_ignores_order_but_not_values():
+    a = [Call("f", {"x": 1, "y": [1, 2]}), Call("g", {})]
+    assert same_calls(a, [Call("g", {}), Call("f", {"y": [1, 2], "x": 1})])
+    assert not same_calls(a, [Call("f", {"x": 1, "y": [2, 1]}), Call("g", {})])  # list order is a value
+    assert not same_calls(a, [Call("f", {"x": 1, "y": [1, 2]})])  # a call missing
+    assert not same_calls([Call("f", {"x": 1})], [Call("f", {"x": 1}), Call("f", {"x": 1})])  # a call repeated

@@ -59,6 +59,13 @@ def test_prepare_writes_every_artifact_resumes_and_serves(data_file, tmp_path):
     assert manifest["metrics"]["sft"]["items"] > 0 and len(manifest["metrics"]["sft"]["epoch_losses"]) == 1
     assert set(manifest["metrics"]["retriever"]["validation"]) >= {"recall@1", "exact_set_accuracy"}
     assert Retriever.load(out / "retriever").refusal is not None  # trained on the refusal examples added to the data
+    # the keep threshold was re-chosen by the small model's calls on validation: the best point of its curve
+    end_to_end = manifest["metrics"]["retriever"]["end_to_end"]
+    assert Retriever.load(out / "retriever").config.threshold == end_to_end["threshold"]
+    assert end_to_end["requests"] > 0 and 0 < end_to_end["decodes"] <= end_to_end["requests"] * 8
+    counts = [count for _, count in end_to_end["curve"]]
+    assert end_to_end["exact_calls"] == max(counts) and all(0 <= c <= end_to_end["requests"] for c in counts)
+    assert end_to_end["exact_calls"] >= end_to_end["exact_calls_at_retrieval_threshold"]
 
     # resuming recomputes nothing: shards and the retriever are reused as they are
     shards = sorted((out / "embeddings").glob("*.safetensors"))

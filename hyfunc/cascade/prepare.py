@@ -11,6 +11,8 @@ already there, so an interrupted run resumes where it stopped:
                                    per-function mode, and its cached request soft tokens
     sft/                           small-model checkpoint (projector, LoRA adapter, step), per epoch
     projector.*, adapter/          the final small-model parts
+    retriever/ (again)             its keep threshold re-chosen end to end: by the trained small model's
+                                   calls on the validation split (metrics["end_to_end"] marks it done)
     manifest.json                  models, data hash, hyper-parameters, metrics (written last)
 
 Training data never include BFCL: they come from the given JSON Lines files (fc-train).
@@ -25,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
 import torch
 from safetensors.torch import load_file
 from tqdm.auto import tqdm
@@ -35,11 +38,17 @@ from hyfunc.cascade.data import (
 )
 from hyfunc.cascade.lexical import fit_lexical_weight, lexical_scores
 from hyfunc.cascade.library import train_library_retriever
-from hyfunc.cascade.retriever import RetrievalData, Retriever, calibrate, evaluate, new_retriever, train_retriever
+from hyfunc.cascade.retriever import (
+    RetrievalData, Retriever, calibrate, evaluate, example_scores, new_retriever, plateau_middle, threshold_grid,
+    train_retriever,
+)
 from hyfunc.cascade.shards import fill_shards, read_shards
-from hyfunc.cascade.small_model import SmallPrompt, SoftTokenProjector, build_small_prompt, save_projector, soft_prefix_loss
+from hyfunc.cascade.small_model import (
+    SmallPrompt, SoftTokenProjector, build_small_prompt, prompt_embeds, save_projector, soft_prefix_loss,
+)
 from hyfunc.cascade.soft_token import SoftTokenEncoder
 from hyfunc.cascade.templating import TemplateDecoder, TemplateError, target_token_mask
+from hyfunc.formats.calls import same_calls
 from hyfunc.models.backend import Backend, default_dtype
 
 
@@ -236,6 +245,59 @@ def train_small(
 
 
 # ---------------------------------------------------------------------------------------------
+# stage 4: the keep threshold, end to end
+
+
+def calibrate_keep_threshold(
+    retriever: Retriever, val: list[Example], embeddings, small: Backend, projector: SoftTokenProjector,
+    grid_size: int = 201,
+) -> dict:
+    """Re-choose the retriever's keep threshold by what the selection is for: the small model's calls.
+
+    Stage 2 chose it for the exact tool set, which counts a dropped gold tool and an extra one
+    alike; in the cascade a dropped tool can never be called, while the small model often leaves an
+    extra one alone (on BFCL, requests for two tools lost the second one to a score a little under
+    that threshold). Over stage 2's grid, count the validation requests with calls whose calls the
+    cascade writes exactly as the gold answer (names and arguments, in any order), and take the
+    middle of the best plateau. A selection is a prefix of the request's ranking, so each request
+    costs at most top_k decodes, whatever the grid. Sets `retriever.config.threshold`."""
+    callers = [ex for ex in val if ex.answers and ex.tools]
+    if not callers:
+        return {"threshold": retriever.config.threshold, "requests": 0}
+    scores = example_scores(retriever, retrieval_data(callers, embeddings))
+    grid = threshold_grid(torch.cat(scores).numpy(), grid_size)
+    top_k = retriever.config.top_k
+    decoder = TemplateDecoder(small)
+    right = np.zeros((len(callers), len(grid)), dtype=bool)
+    decodes = 0
+    for row, (ex, s) in enumerate(zip(tqdm(callers, desc="keep threshold, end to end", unit="ex"), scores)):
+        order = torch.argsort(s, descending=True, stable=True).tolist()
+        kept = np.clip((s.numpy()[None, :] >= grid[:, None]).sum(1), 1, top_k)  # what the rule keeps at each t
+        exact = {}
+        for n in sorted(set(kept.tolist())):
+            tools = [ex.tools[i] for i in order[:n]]
+            prompt = build_small_prompt(small, ex.query, tools)
+            with torch.inference_mode():
+                step = small.forward(embeds=prompt_embeds(small, projector, prompt, embeddings[ex.id][0]))
+            calls = decoder.decode(step, tools, require_call=True, draft_source=ex.query).calls
+            exact[n] = same_calls(calls, ex.answers)
+            decodes += 1
+        right[row] = [exact[n] for n in kept]
+    counts = right.sum(0)
+    best = plateau_middle(counts)
+    before = retriever.config.threshold
+    retriever.config.threshold = float(grid[best])
+    at_before = int(counts[np.searchsorted(grid, before, side="right") - 1])  # the grid point at or below it
+    # The curve where it changes (a step function of t), for reports.
+    steps = [i for i in range(len(grid)) if i == 0 or counts[i] != counts[i - 1]]
+    return {
+        "threshold": retriever.config.threshold, "retrieval_threshold": before, "requests": len(callers),
+        "exact_calls": int(counts[best]), "exact_calls_at_retrieval_threshold": at_before, "decodes": decodes,
+        "curve": [[float(grid[i]), int(counts[i])] for i in steps],
+    }
+
+
+# ---------------------------------------------------------------------------------------------
 # the whole preparation
 
 
@@ -301,16 +363,27 @@ def prepare(config: PrepareConfig, out: Path, large: Backend | None = None, smal
     items, skipped = sft_items(train, embeddings, retriever, small, TemplateDecoder(small))
     if config.sft_max_items:
         items = sample_by_pattern(items, config.sft_max_items, config.seed, pattern=lambda item: item.pattern)
-    _, sft_metrics = train_small(out, small, large.hidden_size, items, config)
+    projector, sft_metrics = train_small(out, small, large.hidden_size, items, config)
     sft_metrics["skipped_examples"] = skipped
     timings["sft"] = time.perf_counter() - start
+    small_record = model_record(small, config.small_model)  # as trained (fp32), before the merge below
+
+    if "end_to_end" not in retriever_metrics:
+        start = time.perf_counter()
+        # The small model as the cascade runs it (pipeline.HyFuncMethod.load): adapter merged, default precision.
+        if config.lora_rank:
+            small.model = small.model.merge_and_unload()
+        small.model.to(default_dtype(small.device)).eval()
+        retriever_metrics["end_to_end"] = calibrate_keep_threshold(retriever, val, embeddings, small, projector)
+        retriever.save(out / "retriever", meta={"metrics": retriever_metrics})
+        timings["end_to_end_threshold"] = time.perf_counter() - start
 
     manifest = {
         "format": "hyfunc-cascade",
         "version": 1,
         "large_model": config.large_model,
         "small_model": config.small_model,
-        "models": {"large": model_record(large, config.large_model), "small": model_record(small, config.small_model)},
+        "models": {"large": model_record(large, config.large_model), "small": small_record},
         "data": {"paths": config.data, "sha256": data_hash(config.data), "train": len(train), "validation": len(val)},
         "config": asdict(config),
         "metrics": {"retriever": retriever_metrics, "sft": sft_metrics, **({"library_retriever": library_metrics} if library_metrics else {})},

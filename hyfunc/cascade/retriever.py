@@ -363,7 +363,7 @@ def example_scores(model: Retriever, data: RetrievalData) -> list[torch.Tensor]:
     return fuse_examples(model, data, example_cosines(model, data))
 
 
-def _plateau_middle(values: np.ndarray) -> int:
+def plateau_middle(values: np.ndarray) -> int:
     # Ties form plateaus; the middle of one is further from the scores that bound it than its edge.
     best = np.nonzero(values == values.max())[0]
     return int(best[len(best) // 2])
@@ -383,7 +383,7 @@ def calibrate(model: Retriever, val: RetrievalData, grid_size: int = 201) -> dic
     scores = fuse_examples(model, val, cosines)
     k = model.config.top_k
     n = len(scores)
-    grid = _grid(torch.cat([s for s in scores if len(s)]).numpy() if n else np.zeros(0), grid_size)
+    grid = threshold_grid(torch.cat([s for s in scores if len(s)]).numpy() if n else np.zeros(0), grid_size)
     answerable = model.answerability(val.queries, cosines).numpy() if n else np.zeros(0)  # what refusal looks at
     gold_n = np.zeros(n, dtype=int)
     top_ok = np.zeros(n, dtype=bool)
@@ -399,17 +399,17 @@ def calibrate(model: Retriever, val: RetrievalData, grid_size: int = 201) -> dic
         counts[i] = (s[None, :] >= grid[:, None]).sum(1)
     offered = np.array([len(s) > 0 for s in scores], dtype=bool)  # without candidates nothing is decided
     calls, no_calls = offered & (gold_n > 0), offered & (gold_n == 0)
-    refusal_grid = _grid(answerable[offered], grid_size)
+    refusal_grid = threshold_grid(answerable[offered], grid_size)
     answered = answerable[None, :] >= refusal_grid[:, None]  # (R, N): not refused at r
     parts = []
     if no_calls.any():
         parts.append((~answered & no_calls).sum(1) / no_calls.sum())
     if calls.any():
         parts.append((answered & calls).sum(1) / calls.sum())
-    r_idx = _plateau_middle(np.mean(parts, axis=0)) if parts else 0
+    r_idx = plateau_middle(np.mean(parts, axis=0)) if parts else 0
     kept = np.clip(counts, 1, k)  # (N, T): how many the rule keeps at threshold t (if not refused)
     right_size = (kept == gold_n[:, None]) & (calls & top_ok)[:, None]  # (N, T)
-    t_idx = _plateau_middle(right_size.sum(0))
+    t_idx = plateau_middle(right_size.sum(0))
     model.config.refusal_threshold = float(refusal_grid[r_idx])
     model.config.threshold = float(grid[t_idx])
     refused_right = int((~answered[r_idx] & no_calls).sum())
@@ -422,7 +422,7 @@ def calibrate(model: Retriever, val: RetrievalData, grid_size: int = 201) -> dic
     }
 
 
-def _grid(values: np.ndarray, size: int) -> np.ndarray:
+def threshold_grid(values: np.ndarray, size: int) -> np.ndarray:
     """Candidate thresholds for `values`: halfway between their quantiles (thresholds sitting on
     observed scores generalise worse), plus one below and one above everything."""
     # Cosines lie in [-1, 1]; a lexical part can push scores above 1.

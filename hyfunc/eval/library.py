@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Sequence
 
 from hyfunc.cascade.data import Example, load_examples, split_examples
+from hyfunc.formats.calls import same_calls
 from hyfunc.formats.schema import Tool
 
 
@@ -37,10 +38,6 @@ def library_examples(data: Sequence[str], n: int, seed: int = 0) -> tuple[list[E
     # An example whose tool was shadowed by another schema of the same name is not answerable as written.
     chosen = [ex for ex in chosen if all(tools[t.name] == t for t in ex.tools)]
     return chosen, list(tools.values())
-
-
-def _call_key(calls) -> list:
-    return sorted(json.dumps({"name": c.name, "arguments": c.arguments}, sort_keys=True) for c in calls)
 
 
 def run_library_benchmark(methods: dict, examples: list[Example], tools: list[Tool]) -> dict:
@@ -67,7 +64,7 @@ def run_library_benchmark(methods: dict, examples: list[Example], tools: list[To
                 "output_tokens": answer.output_tokens,
                 "injected_tokens": answer.injected_tokens,
                 "names_match": sorted(c.name for c in answer.calls) == sorted(c.name for c in ex.answers),
-                "exact_match": _call_key(answer.calls) == _call_key(ex.answers),
+                "exact_match": same_calls(answer.calls, ex.answers),
             })
     labels = list(methods)
     summary = {

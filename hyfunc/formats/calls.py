@@ -24,6 +24,14 @@ class Call:
     arguments: dict[str, Any] = field(default_factory=dict)
 
 
+def same_calls(a: Iterable[Call], b: Iterable[Call]) -> bool:
+    """The same calls, names and arguments exactly, in any order (an exact-match answer)."""
+    def key(calls: Iterable[Call]) -> list[str]:
+        return sorted(json.dumps({"name": c.name, "arguments": c.arguments}, sort_keys=True) for c in calls)
+
+    return key(a) == key(b)
+
+
 class CallParseError(ValueError):
     """Model output that attempts a call but cannot be read as one; the message says where."""
 
