@@ -287,7 +287,7 @@ def calibrate_keep_threshold(
     best = plateau_middle(counts)
     before = retriever.config.threshold
     retriever.config.threshold = float(grid[best])
-    at_before = int(counts[np.searchsorted(grid, before, side="right") - 1])  # the grid point at or below it
+    at_before = int(counts[max(0, np.searchsorted(grid, before, side="right") - 1)])  # the grid point at or below it
     # The curve where it changes (a step function of t), for reports.
     steps = [i for i in range(len(grid)) if i == 0 or counts[i] != counts[i - 1]]
     return {

@@ -20,7 +20,9 @@ answer, trained on the examples with and without a call), else the best cosine. 
 part: it says which offered tool a request's words name, not whether any fits (normalised per
 sentence, some tool scores 1 whenever a word matches).
 Both thresholds are chosen on a validation split (see `calibrate`): the refusal threshold for the
-balanced accuracy of refusing, the keep threshold for exact-set accuracy of the calls.
+balanced accuracy of refusing, the keep threshold for exact-set accuracy of the calls. Once the
+small model is trained, `hyfunc prepare` re-chooses the keep threshold by that model's calls
+(prepare.calibrate_keep_threshold): a dropped tool costs the cascade more than an extra one.
 """
 from __future__ import annotations
 
