@@ -730,15 +730,8 @@ class _Walker:
             arguments = g.arguments if g is not None else _MISSING
             self.object_props(tool.parameters, tool.required, arguments, tool.name, _Follow("}", tuple(then)))
             s.inject("}")
-            if not self.teacher and self.dec.stop_on_repeat:
-                call = s.text[start:]
-                if call in written:
-                    # Word for word an earlier call: greedy decoding has entered a loop (it would
-                    # go on to the cap). The repeat is taken back and the list closed.
-                    s.rewind(before_separator)
-                    s.inject("]")
-                    return
-                written.append(call)
+            if not self.teacher and self.dec.stop_on_repeat and self._closed_on_repeat(s.text[start:], written, before_separator):
+                return
             n += 1
             if n >= self.dec.max_calls and not self.teacher:
                 s.inject("]")
@@ -747,6 +740,17 @@ class _Walker:
             gold_choice = (0 if n < len(gold) else 1) if self.teacher else None
             if s.choose(separator, gold_choice, (0, 1) if more else (1, 0), [upcoming, _DECISION]) == 1:
                 return
+
+    def _closed_on_repeat(self, text: str, written: list[str], before_separator: tuple | None) -> bool:
+        """A list element (a call, an array item) word for word an earlier one: greedy decoding has
+        entered a loop (it would go on to the cap). The repeat is taken back to `before_separator`
+        and the list closed (True); otherwise `text` joins `written`."""
+        if text in written:
+            self.s.rewind(before_separator)
+            self.s.inject("]")
+            return True
+        written.append(text)
+        return False
 
     # -- values ----------------------------------------------------------------------------
     def object_props(
@@ -960,16 +964,12 @@ class _Walker:
         before_separator = None
         n = 0
         while True:
-            start = len(s.text)
+            item_start = len(s.text)
             self.value(items, gold[n] if self.teacher else _MISSING, f"{where}[{n}]", depth + 1)
-            if guard:
-                item = s.text[start:]
-                if item[:1] in '"{[':  # numbers and booleans may repeat on purpose ([1, 1, 2])
-                    if item in written:  # a greedy loop, as with calls: taken back, the array closed
-                        s.rewind(before_separator)
-                        s.inject("]")
-                        return
-                    written.append(item)
+            item = s.text[item_start:]
+            # Numbers and booleans may repeat on purpose ([1, 1, 2]); strings, objects and arrays not.
+            if guard and item[:1] in '"{[' and self._closed_on_repeat(item, written, before_separator):
+                return
             n += 1
             if n >= self.dec.max_array_items and not self.teacher:
                 s.inject("]")
