@@ -7,14 +7,9 @@ import math
 import pytest
 import torch
 
-from hyfunc.cascade.templating import (
-    TemplateDecoder,
-    TemplateError,
-    _mention_order,
-    _string_piece_kind,
-    render_target,
-    target_token_mask,
-)
+from hyfunc.cascade.templating import TemplateDecoder, TemplateError, render_target, target_token_mask
+from hyfunc.cascade.templating.drafting import mention_order
+from hyfunc.cascade.templating.vocab import _string_piece_kind
 from hyfunc.formats.calls import Call
 from hyfunc.formats.schema import parse_tools
 from hyfunc.formats.validate import argument_errors
@@ -348,8 +343,8 @@ def test_mention_order_follows_the_request():
     ])
     request = "Additionally, check the colors on iOS, then the screen size of my mobile, and add a track."
     # "color(s)" before "screen"; "mobile" and "get" are shared and say nothing; "add" is a word, not "Additionally".
-    assert _mention_order(tools, request) == [1, 0, 2]
-    assert _mention_order(tools, "nothing relevant") == [0, 1, 2]  # unmentioned: by rank
+    assert mention_order(tools, request) == [1, 0, 2]
+    assert mention_order(tools, "nothing relevant") == [0, 1, 2]  # unmentioned: by rank
 
 
 def test_guessed_drafts_write_a_whole_call_list_in_a_few_passes(backend):
