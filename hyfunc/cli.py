@@ -130,7 +130,7 @@ def _dir_name(label: str) -> str:
 
 def _side_by_side_methods(args: argparse.Namespace) -> dict:
     """The main method, its ablations and the direct baselines, sharing loaded models."""
-    from hyfunc.cascade.pipeline import CascadeOptions
+    from hyfunc.methods.cascade import CascadeOptions
     from hyfunc.methods import load_method
 
     main = _build_method(args)
@@ -140,7 +140,7 @@ def _side_by_side_methods(args: argparse.Namespace) -> dict:
     for artifact in args.with_cascade:
         if args.method != "hyfunc":
             raise ValueError("--with-cascade needs --method hyfunc")
-        from hyfunc.cascade.pipeline import HyFuncMethod
+        from hyfunc.methods.cascade import HyFuncMethod
 
         other = HyFuncMethod.load(artifact, device=args.device, large=main.large)
         if other.large is main.large:
@@ -178,7 +178,7 @@ def cmd_bench_library(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_retriever(args: argparse.Namespace) -> int:
-    from hyfunc.cascade.pipeline import DEFAULT_ARTIFACT, HyFuncMethod
+    from hyfunc.methods.cascade import DEFAULT_ARTIFACT, HyFuncMethod
     from hyfunc.cascade.library import load_library
     from hyfunc.eval.retrieval import library_requests, run_retrieval_benchmark, write_retrieval_report
 

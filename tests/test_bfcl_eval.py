@@ -13,8 +13,6 @@ from hyfunc.eval import report  # noqa: E402
 from hyfunc.eval.bfcl import (  # noqa: E402
     CATEGORIES,
     BfclError,
-    bfcl_prompt_messages,
-    bfcl_system_prompt,
     check,
     data_files,
     load_cases,
@@ -22,6 +20,7 @@ from hyfunc.eval.bfcl import (  # noqa: E402
     run_eval,
     run_side_by_side,
 )
+from hyfunc.formats.bfcl import bfcl_prompt_messages, bfcl_system_prompt  # noqa: E402
 from hyfunc.formats.calls import Call  # noqa: E402
 from hyfunc.formats.schema import parse_tools  # noqa: E402
 from hyfunc.methods.base import Answer  # noqa: E402

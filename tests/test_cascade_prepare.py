@@ -4,7 +4,7 @@ import json
 import pytest
 import torch
 
-from hyfunc.cascade.pipeline import CascadeOptions, HyFuncMethod
+from hyfunc.methods.cascade import CascadeOptions, HyFuncMethod
 from hyfunc.cascade.prepare import PrepareConfig, prepare
 from hyfunc.cascade.retriever import Retriever
 from hyfunc.cascade.shards import read_shards

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from hyfunc.cascade.pipeline import DEFAULT_ARTIFACT
+from hyfunc.methods.cascade import DEFAULT_ARTIFACT
 from hyfunc.formats.schema import parse_tools
 from hyfunc.formats.validate import argument_errors
 from hyfunc.methods import load_method

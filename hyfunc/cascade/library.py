@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -32,12 +34,24 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from hyfunc.cascade.data import Example
-from hyfunc.cascade.lexical import LexicalIndex, fit_lexical_weight, fusion_split, sentences
-from hyfunc.cascade.retriever import RetrievalData, Retriever, calibrate, evaluate, new_retriever, train_retriever
+from hyfunc.cascade.lexical import (
+    LexicalIndex,
+    fit_lexical_weight,
+    fusion_split,
+    sentences,
+)
+from hyfunc.cascade.retriever import (
+    RetrievalData,
+    Retriever,
+    calibrate,
+    evaluate,
+    new_retriever,
+    train_retriever,
+)
 from hyfunc.cascade.shards import fill_shards, read_shards
 from hyfunc.cascade.soft_token import SoftTokenEncoder, tool_line
+from hyfunc.config import hyfunc_home
 from hyfunc.formats.schema import Tool, parse_tools
-from hyfunc.models.registry import hyfunc_home
 
 
 def load_library(path: str | Path) -> list[Tool]:
@@ -180,3 +194,55 @@ def train_library_retriever(
     digest = hashlib.sha256("\n".join(map(tool_line, library)).encode()).hexdigest()
     retriever.save(directory, meta={"metrics": metrics, "library": {"path": str(library_path), "tools": len(library), "sha256": digest}})
     return retriever, metrics
+
+
+@dataclass
+class LibraryScores:
+    """One request scored against a per-function library: the parts and the fused score."""
+
+    queries: torch.Tensor  # (H,) the request's soft token, or (S, H) one per sentence
+    cosine: torch.Tensor  # (n,) or (S, n)
+    lexical: torch.Tensor | None  # BM25 in [0, 1], (n,) or (S, n); None without a lexical weight
+    fused: torch.Tensor  # (n,) what the retriever selects from
+    timings: dict[str, float]  # "sentences" (the extra large-model pass), "cosine", "lexical", "fuse"
+
+
+@dataclass
+class PerFunctionLibrary:
+    """A library too large for one prompt: per-function embeddings and a lexical index, built once.
+
+    `score` is how the cascade serves it and what the retrieval benchmark measures."""
+
+    tools: list[Tool]
+    embeddings: torch.Tensor  # (n_tools, H) per-function embeddings
+    lexical: LexicalIndex
+    _projected: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)  # per retriever
+
+    @classmethod
+    def build(cls, encoder: SoftTokenEncoder, tools: Sequence[Tool]) -> PerFunctionLibrary:
+        tools = list(tools)
+        return cls(tools, library_embeddings(encoder, tools), LexicalIndex(tools))
+
+    @torch.no_grad()
+    def score(self, encoder: SoftTokenEncoder, retriever: Retriever, request: str, soft_token: torch.Tensor) -> LibraryScores:
+        """A per-sentence retriever queries with each sentence's soft token and BM25 scores, and a
+        tool scores by its best sentence; otherwise the request's soft token and its BM25 scores."""
+        timings: dict[str, float] = {}
+        start = time.perf_counter()
+        queries = sentence_queries(encoder, request, soft_token) if retriever.config.per_sentence else soft_token
+        timings["sentences"] = time.perf_counter() - start
+        start = time.perf_counter()
+        if id(retriever) not in self._projected:  # the library side is projected once per retriever
+            self._projected[id(retriever)] = retriever.eval().project_functions(self.embeddings)
+        cosine = retriever.eval().project_queries(queries) @ self._projected[id(retriever)].T
+        timings["cosine"] = time.perf_counter() - start
+        start = time.perf_counter()
+        lexical = None
+        if retriever.config.lexical_weight:
+            rows = self.lexical.sentence_scores(request)
+            lexical = rows if retriever.config.per_sentence else rows.max(0).values
+        timings["lexical"] = time.perf_counter() - start
+        start = time.perf_counter()
+        fused = retriever.fuse(cosine, lexical)
+        timings["fuse"] = time.perf_counter() - start
+        return LibraryScores(queries, cosine, lexical, fused, timings)

@@ -370,7 +370,7 @@ def prepare(config: PrepareConfig, out: Path, large: Backend | None = None, smal
 
     if "end_to_end" not in retriever_metrics:
         start = time.perf_counter()
-        # The small model as the cascade runs it (pipeline.HyFuncMethod.load): adapter merged, default precision.
+        # The small model as the cascade runs it (hyfunc.methods.cascade.HyFuncMethod.load): adapter merged, default precision.
         if config.lora_rank:
             small.model = small.model.merge_and_unload()
         small.model.to(default_dtype(small.device)).eval()

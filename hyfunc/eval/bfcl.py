@@ -5,15 +5,7 @@ Nothing here re-implements BFCL's scoring: AST categories go through
 `bfcl_eval.utils.is_empty_output`, exactly as `bfcl_eval/eval_checker/eval_runner.py` does, and the
 function docs given to the checker are the original ones from the data file.
 
-Install (lean, no torch, see requirements/bfcl.txt)::
-
-    pip install --no-deps bfcl-eval==2026.3.23
-    pip install -r requirements/bfcl.txt
-
-Importing bfcl_eval creates ``result/``, ``score/`` and ``.file_locks/`` under its "project root",
-which defaults to site-packages. We point it (unless the user already did) at
-``$HYFUNC_HOME/bfcl`` (default ``~/.cache/hyfunc/bfcl``) through ``BFCL_PROJECT_ROOT`` before the
-first import. No ``.env`` file is read: only bfcl_eval's CLI entry points load one.
+The package is imported through `hyfunc.formats.bfcl` (lean install, project root).
 """
 from __future__ import annotations
 
@@ -26,9 +18,22 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
-from hyfunc.models.registry import hyfunc_home
+from tqdm import tqdm
+
+from hyfunc.eval import report
+from hyfunc.eval.records import done_ids, jsonable, read_case_records
+from hyfunc.formats.bfcl import (
+    INSTALL_HINT,
+    BfclError,
+    bfcl_eval_version,
+    bfcl_utils,
+    import_bfcl,
+    official_ast_checker,
+)
+from hyfunc.formats.calls import to_bfcl_output
+from hyfunc.formats.schema import parse_tools
 
 #: The single-turn Python categories scored by `run_eval` by default.
 CATEGORIES: list[str] = [
@@ -53,60 +58,6 @@ ALIASES: dict[str, str] = {"simple": "simple_python"}
 #: hyfunc keeps BFCL's dotted names, so we use a prompting model whose entry has
 #: ``underscore_to_dot=False``. The runner passes names with "/" written as "_".
 CHECKER_MODEL_NAME = "Qwen_Qwen3-8B"
-
-BFCL_EVAL_VERSION_TESTED = "2026.3.23"
-
-_INSTALL_HINT = (
-    "the official BFCL checker is not installed; install it with\n"
-    f"    pip install --no-deps bfcl-eval=={BFCL_EVAL_VERSION_TESTED}\n"
-    "    pip install -r requirements/bfcl.txt"
-)
-
-
-class BfclError(RuntimeError):
-    """Missing checker, missing data files, or a malformed data set."""
-
-
-# ---------------------------------------------------------------------------------------------
-# Importing bfcl_eval
-
-
-def _prepare_bfcl_env() -> None:
-    if "BFCL_PROJECT_ROOT" not in os.environ:
-        root = hyfunc_home() / "bfcl"
-        root.mkdir(parents=True, exist_ok=True)
-        os.environ["BFCL_PROJECT_ROOT"] = str(root)
-
-
-def _import(module: str):
-    _prepare_bfcl_env()
-    try:
-        return importlib.import_module(module)
-    except ImportError as e:
-        raise BfclError(f"{_INSTALL_HINT}\n(import of {module} failed: {e})") from e
-
-
-
-def bfcl_eval_version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("bfcl-eval")
-    except Exception:  # pragma: no cover - not installed
-        return "not installed"
-
-
-def _ast_checker():
-    return _import("bfcl_eval.eval_checker.ast_eval.ast_checker").ast_checker
-
-
-def _bfcl_utils():
-    return _import("bfcl_eval.utils")
-
-
-def _bfcl_model_utils():
-    return _import("bfcl_eval.model_handler.utils")
-
 
 # ---------------------------------------------------------------------------------------------
 # Data
@@ -138,7 +89,7 @@ def packaged_data_dir() -> Path:
     """The data folder shipped inside the installed bfcl_eval package (found without importing it)."""
     spec = importlib.util.find_spec("bfcl_eval")
     if spec is None or not spec.submodule_search_locations:
-        raise BfclError(_INSTALL_HINT)
+        raise BfclError(INSTALL_HINT)
     return Path(list(spec.submodule_search_locations)[0]) / "data"
 
 
@@ -238,7 +189,7 @@ def check(case: BfclCase, model_output: list[dict] | None, decode_error: str | N
     categories BFCL counts a failed decode or an empty output as "no function call"
     (`eval_runner._evaluate_single_relevance_entry`); for AST categories a failed decode is wrong.
     """
-    utils = _bfcl_utils()
+    utils = bfcl_utils()
     decoded_ok = model_output is not None and decode_error is None
     if is_relevance_category(case.category):
         contain_func_call = decoded_ok and not utils.is_empty_output(model_output)
@@ -254,8 +205,8 @@ def check(case: BfclCase, model_output: list[dict] | None, decode_error: str | N
         return False, f"Invalid syntax. Failed to decode AST. {decode_error or ''}".strip()
     if not utils.is_function_calling_format_output(model_output):
         return False, "Did not output in the specified format."
-    ast_checker = _ast_checker()
-    language = _import("bfcl_eval.constants.enums").Language.PYTHON
+    ast_checker = official_ast_checker()
+    language = import_bfcl("bfcl_eval.constants.enums").Language.PYTHON
     try:
         result = ast_checker(
             copy.deepcopy(case.functions),
@@ -275,88 +226,7 @@ def check(case: BfclCase, model_output: list[dict] | None, decode_error: str | N
 
 
 # ---------------------------------------------------------------------------------------------
-# BFCL's prompting style (for prompt-based models)
-
-
-def _as_docs(functions: Iterable[Any]) -> list[dict]:
-    docs = []
-    for f in functions:
-        if hasattr(f, "to_bfcl"):
-            docs.append(f.to_bfcl())
-        else:
-            docs.append(copy.deepcopy(dict(f)))
-    return docs
-
-
-def bfcl_system_prompt(functions: Iterable[Any], category: str = "simple_python", language_hint: bool = True) -> str:
-    """BFCL's default system prompt for prompting models, built by bfcl_eval itself.
-
-    `functions` are BFCL docs (dicts) or hyfunc `Tool`s (converted with `Tool.to_bfcl`). As BFCL's
-    generation does (`load_dataset_entry(include_language_specific_hint=True)`), the
-    language-specific note (" Note that the provided function is in Python 3 syntax.") is appended
-    to each description first unless `language_hint=False`.
-    """
-    mu = _bfcl_model_utils()
-    docs = _as_docs(functions)
-    if language_hint:
-        docs = _bfcl_utils()._func_doc_language_specific_pre_processing(docs, category)
-    return mu.formulate_system_prompt(format_sensitivity_config=mu.DEFAULT_SYSTEM_PROMPT_FORMAT, functions=docs)
-
-
-def bfcl_prompt_messages(
-    messages: Sequence[dict], functions: Iterable[Any], category: str = "simple_python", language_hint: bool = True
-) -> list[dict]:
-    """The chat messages BFCL's prompting handlers send: the system prompt is inserted first, or
-    prepended (followed by a blank line) to the question's own system message
-    (`bfcl_eval.model_handler.utils.system_prompt_pre_processing_chat_model`)."""
-    mu = _bfcl_model_utils()
-    docs = _as_docs(functions)
-    if language_hint:
-        docs = _bfcl_utils()._func_doc_language_specific_pre_processing(docs, category)
-    msgs = [dict(m) for m in messages]
-    # The test id only selects the prompt format; a plain id gives BFCL's default format.
-    return mu.system_prompt_pre_processing_chat_model(msgs, docs, f"{category}_0")
-
-
-# ---------------------------------------------------------------------------------------------
 # Running a method over BFCL
-
-
-def _done_ids(path: Path) -> set[str]:
-    """Ids already scored in cases.jsonl; a line cut by an interruption is dropped (redone)."""
-    if not path.exists():
-        return set()
-    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
-    done: set[str] = set()
-    good: list[str] = []
-    for line in lines:
-        try:
-            rec = json.loads(line)
-            done.add(rec["id"])
-            good.append(line if line.endswith("\n") else line + "\n")
-        except (json.JSONDecodeError, KeyError, TypeError):
-            continue
-    if good != lines:
-        tmp = path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(good), encoding="utf-8")
-        tmp.replace(path)
-    return done
-
-
-def read_case_records(out_dir: str | Path) -> list[dict]:
-    path = Path(out_dir) / "cases.jsonl"
-    records = []
-    if path.exists():
-        for line in open(path, encoding="utf-8"):
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return records
-
-
-def _jsonable(x: Any) -> Any:
-    return json.loads(json.dumps(x, default=repr))
 
 
 def gold_functions(case: BfclCase) -> list[str]:
@@ -367,8 +237,6 @@ def gold_functions(case: BfclCase) -> list[str]:
 
 def evaluate_case(method, case: BfclCase) -> dict:
     """Run `method` on one case and score it; returns the record written to cases.jsonl."""
-    from hyfunc.formats.calls import to_bfcl_output
-    from hyfunc.formats.schema import parse_tools
 
     record: dict[str, Any] = {"id": case.id, "category": case.category, "gold_functions": gold_functions(case)}
     try:
@@ -388,7 +256,7 @@ def evaluate_case(method, case: BfclCase) -> dict:
     record.update(
         correct=correct,
         error=error,
-        calls=_jsonable(model_output),
+        calls=jsonable(model_output),
         model_error=answer.error,
         raw_text=answer.raw_text,
         timings=dict(answer.timings),
@@ -398,7 +266,7 @@ def evaluate_case(method, case: BfclCase) -> dict:
         cached_tokens=int(answer.cached_tokens or 0),
         injected_tokens=int(answer.injected_tokens or 0),
         reused_seconds=answer.reused_seconds,
-        details=_jsonable(answer.details),
+        details=jsonable(answer.details),
     )
     return record
 
@@ -439,10 +307,6 @@ def run_side_by_side(
     are measured side by side. Each method keeps its own resumable ``cases.jsonl`` in its out dir
     (default ``reports/bfcl/<label>``). Returns label -> summary.
     """
-    from tqdm import tqdm
-
-    from hyfunc.eval import report
-
     categories = [canonical_category(c) for c in (categories or CATEGORIES)]
     dirs = {label: Path(out_dirs[label]) if out_dirs and label in out_dirs else Path("reports/bfcl") / label for label in methods}
     done: dict[str, set[str]] = {}
@@ -450,7 +314,7 @@ def run_side_by_side(
         out.mkdir(parents=True, exist_ok=True)
         if not resume and (out / "cases.jsonl").exists():
             (out / "cases.jsonl").unlink()
-        done[label] = _done_ids(out / "cases.jsonl")
+        done[label] = done_ids(out / "cases.jsonl")
 
     all_cases = [c for cat in categories for c in load_cases(cat, data_dir, limit)]
     wanted = {c.id for c in all_cases}
@@ -492,11 +356,11 @@ def _method_config(method) -> Any:
         from dataclasses import asdict, is_dataclass
 
         if is_dataclass(cfg):
-            return _jsonable(asdict(cfg))
+            return jsonable(asdict(cfg))
         if isinstance(cfg, dict):
-            return _jsonable(cfg)
+            return jsonable(cfg)
         if hasattr(cfg, "__dict__"):
-            return _jsonable(vars(cfg))
+            return jsonable(vars(cfg))
     except Exception:
         pass
     return repr(cfg)
@@ -539,8 +403,6 @@ __all__ = [
     "data_files",
     "packaged_data_dir",
     "check",
-    "bfcl_system_prompt",
-    "bfcl_prompt_messages",
     "evaluate_case",
     "run_eval",
     "read_case_records",

@@ -10,6 +10,9 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from hyfunc.cascade.retriever import exact_set_accuracy, recall_at_k, refusal_accuracy
+from hyfunc.eval.records import read_case_records
+
 OVERALL = "overall"
 
 
@@ -202,8 +205,6 @@ def retrieval_metrics(records: list[dict], ks: Sequence[int] = (1, 3, 5)) -> dic
     """Per category, the cascade's retrieval against the ground truth's function names: recall@k,
     exact-set accuracy and, for the irrelevance categories, refusal accuracy; in every category the
     share refused (no tool selected: false refusals where a call was due)."""
-    from hyfunc.cascade.retriever import exact_set_accuracy, recall_at_k, refusal_accuracy
-
     with_ranking = [r for r in records if "ranking" in (r.get("details") or {})]
     if not with_ranking:
         return None
@@ -287,7 +288,6 @@ def compare_runs(
     names are disambiguated by their folder name. With `baseline` (a method name), latency ratios,
     the prefill/decode test, token shares and retrieval metrics are added (see side_by_side_analysis).
     """
-    from hyfunc.eval.bfcl import read_case_records
 
     summaries: dict[str, dict] = {}
     records: dict[str, list[dict]] = {}

@@ -19,8 +19,7 @@ import torch
 from tqdm.auto import tqdm
 
 from hyfunc.cascade.data import Example, load_examples, split_examples
-from hyfunc.cascade.lexical import LexicalIndex
-from hyfunc.cascade.library import in_library, library_embeddings, sentence_queries
+from hyfunc.cascade.library import PerFunctionLibrary, in_library
 from hyfunc.cascade.retriever import Retriever, recall_at_k
 from hyfunc.cascade.soft_token import SoftTokenEncoder
 from hyfunc.formats.schema import Tool
@@ -43,10 +42,7 @@ def run_retrieval_benchmark(
     A retriever with a lexical weight is also scored without it ("cosine only"), and the lexical
     scores are scored alone ("lexical only"), so the report shows what each part contributes. A
     per-sentence retriever (library.py) queries with one soft token per sentence, timed apart."""
-    functions = library_embeddings(encoder, library)
-    projected = {name: r.project_functions(functions) for name, r in retrievers.items()}  # once per library
-    lexical_index = LexicalIndex(library) if any(r.config.lexical_weight for r in retrievers.values()) else None
-    per_sentence = any(r.config.per_sentence for r in retrievers.values())
+    indexed = PerFunctionLibrary.build(encoder, library)
     index = {t.name: i for i, t in enumerate(library)}
     top = min(max(ks), len(library))
     gold, soft_ms, sentence_ms = [], [], []
@@ -61,30 +57,22 @@ def run_retrieval_benchmark(
         start = time.perf_counter()
         soft = encoder.encode_request(ex.query).soft_token
         soft_ms.append(1000 * (time.perf_counter() - start))
-        if per_sentence:
-            start = time.perf_counter()
-            sentence_soft = sentence_queries(encoder, ex.query, soft)
-            if len(sentence_soft) > 1:  # a one-sentence request reuses its soft token: no extra pass
-                sentence_ms.append(1000 * (time.perf_counter() - start))
         gold.append(sorted({index[c.name] for c in ex.answers}))
-        rows, lexical_seconds = None, 0.0
-        if lexical_index is not None:
-            start = time.perf_counter()
-            rows = lexical_index.sentence_scores(ex.query)
-            lexical_seconds = time.perf_counter() - start
-            record("lexical only (BM25 per sentence)", rows.max(0).values, lexical_seconds)
+        sentences_timed = lexical_done = False
         for name, retriever in retrievers.items():
-            start = time.perf_counter()
-            queries = sentence_soft if retriever.config.per_sentence else soft
-            cosine = retriever.project_queries(queries) @ projected[name].T  # (n,) or (S, n)
-            cosine_seconds = time.perf_counter() - start
-            if retriever.config.lexical_weight:
-                record(f"{name}, cosine only", retriever.fuse(cosine, None), cosine_seconds)
-                start = time.perf_counter()
-                fused = retriever.fuse(cosine, rows if retriever.config.per_sentence else rows.max(0).values)
-                record(name, fused, cosine_seconds + lexical_seconds + time.perf_counter() - start)
-            else:
-                record(name, retriever.fuse(cosine, None), cosine_seconds)
+            # The serving path (what the cascade runs for a library), with its parts scored apart.
+            scored = indexed.score(encoder, retriever, ex.query, soft)
+            t = scored.timings
+            if retriever.config.per_sentence and len(scored.queries) > 1 and not sentences_timed:
+                sentence_ms.append(1000 * t["sentences"])  # a one-sentence request reuses its soft token
+                sentences_timed = True
+            if scored.lexical is not None:
+                record(f"{name}, cosine only", retriever.fuse(scored.cosine, None), t["cosine"])
+                if not lexical_done:
+                    lexical = scored.lexical if scored.lexical.dim() == 1 else scored.lexical.max(0).values
+                    record("lexical only (BM25 per sentence)", lexical, t["lexical"])
+                    lexical_done = True
+            record(name, scored.fused, t["cosine"] + t["lexical"] + t["fuse"])
     return {
         "library_tools": len(library),
         "requests": len(requests),

@@ -164,11 +164,6 @@ class Tool:
         """
         return _read_function(d)
 
-    @classmethod
-    def from_bfcl(cls, d: Mapping[str, Any]) -> Tool:
-        """Read a BFCL function doc; `Param.source_type` keeps its type names for `to_bfcl`."""
-        return _read_function(d)
-
 
 def parse_tool(d: Tool | Mapping[str, Any]) -> Tool:
     """Read one tool in any supported format (a `Tool` is returned as is)."""

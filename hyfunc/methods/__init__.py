@@ -29,7 +29,7 @@ def load_method(
     "retriever", "templating"). `backend`: an already loaded Backend of `model` to reuse (direct).
     """
     if name == "hyfunc":
-        from hyfunc.cascade.pipeline import DEFAULT_ARTIFACT, CascadeOptions, HyFuncMethod
+        from hyfunc.methods.cascade import DEFAULT_ARTIFACT, CascadeOptions, HyFuncMethod
 
         options = CascadeOptions(**{stage: False for stage in ablate})
         return HyFuncMethod.load(artifact or DEFAULT_ARTIFACT, options=options, device=device)

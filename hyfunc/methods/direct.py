@@ -2,7 +2,7 @@
 
 Two prompting styles:
   * ``bfcl``: BFCL's own system prompt for prompt-based models (built by bfcl-eval itself, see
-    `hyfunc.eval.bfcl.bfcl_prompt_messages`); the model answers in python-call syntax ``[f(a=1), g(b="x")]``.
+    `hyfunc.formats.bfcl.bfcl_prompt_messages`); the model answers in python-call syntax ``[f(a=1), g(b="x")]``.
   * ``native``: the model's own chat template with the tools passed as OpenAI tool dicts; the
     answer is read from ``<tool_call>`` blocks or a fenced JSON object (Qwen-Coder writes those).
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from typing import Literal, Sequence
 
+from hyfunc.formats.bfcl import bfcl_prompt_messages
 from hyfunc.formats.calls import CallParseError, parse_calls, parse_python_calls
 from hyfunc.formats.schema import Tool
 from hyfunc.methods.base import Answer
@@ -64,8 +65,6 @@ class DirectMethod:
 
     def prompt(self, messages: Sequence[dict], tools: Sequence[Tool]) -> str:
         if self.style == "bfcl":
-            from hyfunc.eval.bfcl import bfcl_prompt_messages
-
             return self.backend.chat_prompt(bfcl_prompt_messages(messages, tools))
         return self.backend.chat_prompt(messages, tools=[tool.to_openai() for tool in tools])
 

@@ -14,13 +14,14 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import os
 import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from tqdm.auto import tqdm
+
+from hyfunc.config import hyfunc_home
 
 
 @dataclass(frozen=True)
@@ -78,10 +79,6 @@ DEFAULT_SMALL = "smollm2-135m"
 
 class ModelNotAvailable(RuntimeError):
     pass
-
-
-def hyfunc_home() -> Path:
-    return Path(os.environ.get("HYFUNC_HOME", Path.home() / ".cache" / "hyfunc"))
 
 
 def _package_dir(module: str, spec: DefaultModel) -> Path:

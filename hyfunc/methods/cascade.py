@@ -26,8 +26,8 @@ from typing import Sequence
 
 import torch
 
-from hyfunc.cascade.lexical import LexicalIndex, lexical_scores
-from hyfunc.cascade.library import library_embeddings, sentence_queries
+from hyfunc.cascade.lexical import lexical_scores
+from hyfunc.cascade.library import PerFunctionLibrary
 from hyfunc.cascade.retriever import Retriever
 from hyfunc.cascade.small_model import SoftTokenProjector, build_small_prompt, load_projector, prompt_embeds
 from hyfunc.cascade.soft_token import Encoding, LibraryCache, SoftTokenEncoder
@@ -50,15 +50,6 @@ class CascadeOptions:
     soft_token: bool = True  # insert the projected soft token into the small model's prompt
     retriever: bool = True  # False: the small model sees every offered tool
     templating: bool = True  # False: free greedy decoding of the call text, then parsed
-
-
-@dataclass
-class PerFunctionLibrary:
-    """A library too large for one prompt, as `use_library` holds it."""
-
-    tools: list[Tool]
-    embeddings: torch.Tensor  # (n_tools, H) per-function embeddings
-    lexical: LexicalIndex
 
 
 class SharedLargePass:
@@ -180,7 +171,7 @@ class HyFuncMethod:
                 f"a library of {len(tools)} tools is read per function and needs a library retriever: "
                 "prepare the cascade with `hyfunc prepare --library <tools.jsonl>`"
             )
-        self._per_function = PerFunctionLibrary(tools, library_embeddings(self.encoder, tools), LexicalIndex(tools))
+        self._per_function = PerFunctionLibrary.build(self.encoder, tools)
 
     def _encode(
         self, messages: Sequence[dict], tools: Sequence[Tool], per_function: PerFunctionLibrary | None
@@ -203,24 +194,19 @@ class HyFuncMethod:
         per_function = self._per_function if self._per_function is not None and self._per_function.tools == list(tools) else None
         encoding, reused, retriever = self._encode(messages, tools, per_function)
         request = _request_text(messages)
-        queries = encoding.soft_token
-        if per_function is not None and retriever.config.per_sentence:
-            start = time.perf_counter()
-            queries = sentence_queries(self.encoder, request, encoding.soft_token)
-            encoding.seconds += time.perf_counter() - start
-        timings["large_prefill"] = encoding.seconds
-
         start = time.perf_counter()
-        lexical = None
-        if retriever.config.lexical_weight and len(tools):
-            # A large library's index is built once; a short list is indexed in under a millisecond.
-            if per_function is None:
-                lexical = lexical_scores(request, tools)
-            else:
-                lexical = per_function.lexical.sentence_scores(request) if retriever.config.per_sentence else per_function.lexical.scores(request)
-        with torch.no_grad():
-            cosine = retriever.scores(queries, encoding.function_embeddings) if len(tools) else torch.empty(0)
-        scores = retriever.fuse(cosine, lexical)
+        if per_function is not None:
+            scored = per_function.score(self.encoder, retriever, request, encoding.soft_token)
+            encoding.seconds += scored.timings["sentences"]  # the per-sentence pass is the large model's
+            start += scored.timings["sentences"]
+            cosine, scores = scored.cosine, scored.fused
+        else:
+            # A short list is indexed in under a millisecond.
+            lexical = lexical_scores(request, tools) if retriever.config.lexical_weight and len(tools) else None
+            with torch.no_grad():
+                cosine = retriever.scores(encoding.soft_token, encoding.function_embeddings) if len(tools) else torch.empty(0)
+            scores = retriever.fuse(cosine, lexical)
+        timings["large_prefill"] = encoding.seconds
         answerable = float(retriever.answerability(encoding.soft_token, [cosine]))  # "no tool fits" below its threshold
         chosen = retriever.select_from_scores(scores, answerable) if len(tools) else []
         selected = [tools[i] for i in chosen] if self.options.retriever else list(tools)

@@ -1,0 +1,15 @@
+"""Settings read from the environment, in one place.
+
+HYFUNC_HOME     where models are converted and caches live (default ~/.cache/hyfunc)
+HYFUNC_DTYPE    float32 | bfloat16 | float16 for transformers models (default: by the CPU, see
+                `hyfunc.models.backend.default_dtype`)
+HYFUNC_THREADS  torch threads (default: torch's own choice)
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def hyfunc_home() -> Path:
+    return Path(os.environ.get("HYFUNC_HOME", Path.home() / ".cache" / "hyfunc"))

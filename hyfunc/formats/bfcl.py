@@ -1,0 +1,115 @@
+"""The official `bfcl-eval` package, imported lean, and the prompt it gives prompting models.
+
+BFCL's prompt is how direct prompting shows tools to a model, so it lives beside the other
+formats rather than in the evaluation. Install (lean, no torch, see requirements/bfcl.txt)::
+
+    pip install --no-deps bfcl-eval==2026.3.23
+    pip install -r requirements/bfcl.txt
+
+Importing bfcl_eval creates ``result/``, ``score/`` and ``.file_locks/`` under its "project root",
+which defaults to site-packages. We point it (unless the user already did) at
+``$HYFUNC_HOME/bfcl`` (default ``~/.cache/hyfunc/bfcl``) through ``BFCL_PROJECT_ROOT`` before the
+first import. No ``.env`` file is read: only bfcl_eval's CLI entry points load one.
+"""
+from __future__ import annotations
+
+import copy
+import importlib
+import os
+from typing import Any, Iterable, Sequence
+
+from hyfunc.config import hyfunc_home
+
+BFCL_EVAL_VERSION_TESTED = "2026.3.23"
+
+INSTALL_HINT = (
+    "the official BFCL checker is not installed; install it with\n"
+    f"    pip install --no-deps bfcl-eval=={BFCL_EVAL_VERSION_TESTED}\n"
+    "    pip install -r requirements/bfcl.txt"
+)
+
+
+class BfclError(RuntimeError):
+    """Missing checker, missing data files, or a malformed data set."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Importing bfcl_eval
+
+
+def _prepare_bfcl_env() -> None:
+    if "BFCL_PROJECT_ROOT" not in os.environ:
+        root = hyfunc_home() / "bfcl"
+        root.mkdir(parents=True, exist_ok=True)
+        os.environ["BFCL_PROJECT_ROOT"] = str(root)
+
+
+def import_bfcl(module: str):
+    _prepare_bfcl_env()
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise BfclError(f"{INSTALL_HINT}\n(import of {module} failed: {e})") from e
+
+
+def bfcl_eval_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("bfcl-eval")
+    except Exception:  # pragma: no cover - not installed
+        return "not installed"
+
+
+def official_ast_checker():
+    return import_bfcl("bfcl_eval.eval_checker.ast_eval.ast_checker").ast_checker
+
+
+def bfcl_utils():
+    return import_bfcl("bfcl_eval.utils")
+
+
+def _bfcl_model_utils():
+    return import_bfcl("bfcl_eval.model_handler.utils")
+
+
+def _as_docs(functions: Iterable[Any]) -> list[dict]:
+    docs = []
+    for f in functions:
+        if hasattr(f, "to_bfcl"):
+            docs.append(f.to_bfcl())
+        else:
+            docs.append(copy.deepcopy(dict(f)))
+    return docs
+
+
+def bfcl_system_prompt(functions: Iterable[Any], category: str = "simple_python", language_hint: bool = True) -> str:
+    """BFCL's default system prompt for prompting models, built by bfcl_eval itself.
+
+    `functions` are BFCL docs (dicts) or hyfunc `Tool`s (converted with `Tool.to_bfcl`). As BFCL's
+    generation does (`load_dataset_entry(include_language_specific_hint=True)`), the
+    language-specific note (" Note that the provided function is in Python 3 syntax.") is appended
+    to each description first unless `language_hint=False`.
+    """
+    mu = _bfcl_model_utils()
+    docs = _as_docs(functions)
+    if language_hint:
+        docs = bfcl_utils()._func_doc_language_specific_pre_processing(docs, category)
+    return mu.formulate_system_prompt(format_sensitivity_config=mu.DEFAULT_SYSTEM_PROMPT_FORMAT, functions=docs)
+
+
+def bfcl_prompt_messages(
+    messages: Sequence[dict], functions: Iterable[Any], category: str = "simple_python", language_hint: bool = True
+) -> list[dict]:
+    """The chat messages BFCL's prompting handlers send: the system prompt is inserted first, or
+    prepended (followed by a blank line) to the question's own system message
+    (`bfcl_eval.model_handler.utils.system_prompt_pre_processing_chat_model`)."""
+    mu = _bfcl_model_utils()
+    docs = _as_docs(functions)
+    if language_hint:
+        docs = bfcl_utils()._func_doc_language_specific_pre_processing(docs, category)
+    msgs = [dict(m) for m in messages]
+    # The test id only selects the prompt format; a plain id gives BFCL's default format.
+    return mu.system_prompt_pre_processing_chat_model(msgs, docs, f"{category}_0")
+
+
