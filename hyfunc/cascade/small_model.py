@@ -77,17 +77,16 @@ def prompt_embeds(
     backend: Backend, projector: SoftTokenProjector | None, prompt: SmallPrompt, soft_token: torch.Tensor | None
 ) -> torch.Tensor:
     """(len, hidden) input embeddings of the prompt with the projected soft token in its slot."""
-    table = backend.model.get_input_embeddings()
-    device = table.weight.device
-    parts = [table(torch.tensor(prompt.before_ids, device=device))]
+    parts = [backend.embed(prompt.before_ids)]
     if soft_token is not None:
         if projector is None:
             raise ValueError("a soft token needs a projector")
         if not prompt.soft_slot:
             raise ValueError("this prompt was built without a slot for the soft token")
-        parts.append(projector(soft_token.to(device, projector.proj.weight.dtype)).to(table.weight.dtype).unsqueeze(0))
+        soft = projector(soft_token.to(projector.proj.weight.device, projector.proj.weight.dtype))
+        parts.append(soft.to(parts[0].device, parts[0].dtype).unsqueeze(0))
     if prompt.after_ids:
-        parts.append(table(torch.tensor(prompt.after_ids, device=device)))
+        parts.append(backend.embed(prompt.after_ids))
     return torch.cat(parts)
 
 

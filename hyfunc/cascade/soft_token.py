@@ -30,11 +30,10 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import Mapping, Sequence, Union
+from typing import Any, Mapping, Sequence, Union
 
 import jinja2
 import torch
-from transformers import DynamicCache
 
 from hyfunc.formats.schema import Tool, parse_tools
 from hyfunc.models.backend import Backend
@@ -85,7 +84,7 @@ class LibraryCache:
     tools: list[Tool]
     before_text: str  # a request whose rendered prompt starts differently cannot use this cache
     prefix_ids: list[int]
-    cache: DynamicCache
+    cache: Any  # the large model's KV state of the prefix (engine-specific)
     function_embeddings: torch.Tensor  # (n_tools, H), from the prefix pass
     seconds: float  # time to build
 
@@ -169,7 +168,7 @@ class SoftTokenEncoder:
         if isinstance(tools, LibraryCache):
             return self._encode_cached(request, tools, start)
         layout = self.layout(request, tools)
-        step = self.backend.forward(ids=layout.ids)
+        step = self.backend.forward(ids=layout.ids, output_hidden=True)
         return Encoding(
             soft_token=_to_output(step.hidden[-1]),
             function_embeddings=self._pool(step.hidden, layout.spans),
@@ -183,7 +182,7 @@ class SoftTokenEncoder:
         tools = parse_tools(tools)
         before, _ = self.split_template("")
         ids, spans = self._prefix_ids(before, tools)
-        step = self.backend.forward(ids=ids)
+        step = self.backend.forward(ids=ids, output_hidden=True)
         return LibraryCache(
             tools=tools,
             before_text=before,
@@ -198,7 +197,7 @@ class SoftTokenEncoder:
         if before != library.before_text:
             raise ValueError("this request renders a different prompt prefix than the library cache was built with")
         suffix = self.backend.encode(after)
-        step = self.backend.forward(ids=suffix, cache=self.backend.fork(library.cache))
+        step = self.backend.forward(ids=suffix, cache=self.backend.fork(library.cache), output_hidden=True)
         return Encoding(
             soft_token=_to_output(step.hidden[-1]),
             function_embeddings=library.function_embeddings,
@@ -231,23 +230,8 @@ class SoftTokenEncoder:
             if before != library.before_text:
                 raise ValueError("this request renders a different prompt prefix than the instruction cache was built with")
             suffixes.append(self.backend.encode(after))
-        hidden = self._padded_pass(library.cache, suffixes)
-        return _to_output(torch.stack([hidden[row, len(s) - 1] for row, s in enumerate(suffixes)]))
-
-    def _padded_pass(self, prefix: DynamicCache, lines: list[list[int]]) -> torch.Tensor:
-        """(len(lines), width, H) last hidden states of `lines` run in one batch after a copy of
-        `prefix`'s KV cache. Lines are right-padded: under causal attention a real token never
-        sees the padding after it, so no attention mask is needed and every real position equals
-        what that line alone would give."""
-        device = self.backend.device
-        width = max(len(line) for line in lines)
-        pad = self.backend.tokenizer.pad_token_id or 0
-        ids = torch.tensor([line + [pad] * (width - len(line)) for line in lines], device=device)
-        cache = self.backend.fork(prefix)
-        cache.batch_repeat_interleave(len(lines))
-        past = prefix.get_seq_length()
-        positions = torch.arange(past, past + width, device=device).expand(len(lines), -1)
-        return self.backend.model.get_decoder()(input_ids=ids, cache=cache, position_ids=positions, use_cache=True).last_hidden_state
+        hidden = self.backend.hidden_of_lines(library.cache, suffixes)
+        return _to_output(torch.stack([h[-1] for h in hidden]))
 
     def embed_functions(self, tools: ToolsLike, batch_size: int | None = None) -> torch.Tensor:
         """(n, H): each tool embedded in its own prompt [template + instruction + that tool].
@@ -270,6 +254,6 @@ class SoftTokenEncoder:
         for b in range(0, len(order), batch_size):
             batch = order[b : b + batch_size]
             lines = [encoded[i] for i in batch]
-            hidden = self._padded_pass(prefix, lines).float()
-            out.update((i, hidden[row, : len(line)].mean(0)) for row, (i, line) in enumerate(zip(batch, lines)))
+            hidden = self.backend.hidden_of_lines(prefix, lines)
+            out.update((i, h.float().mean(0)) for i, h in zip(batch, hidden))
         return torch.stack([out[i] for i in range(len(tools))]) if out else torch.empty(0, self.backend.hidden_size)

@@ -1,39 +1,19 @@
-"""A causal language model over torch + transformers, with the hooks the cascade needs.
-
-Besides chat prompting and greedy generation, it exposes last-layer hidden states, input
-embeddings (so a continuous "soft" token can be fed in) and a KV cache that can be kept and
-reused: `prefill` a fixed prefix once, then `generate(..., cache=...)` appends only new tokens.
-"""
+"""The transformers engine: a causal language model over torch + transformers (the reference
+engine, and the one training uses). The contract and the engine-independent parts are in
+`base.py`; the KV state is transformers' `DynamicCache`."""
 from __future__ import annotations
 
 import copy
 import os
-import time
-from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Sequence
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
+from hyfunc.models.base import BackendBase, Generation, PrefixCache, StepOutput
 from hyfunc.models.registry import resolve_model
 
-
-@dataclass
-class StepOutput:
-    logits: torch.Tensor  # (vocab,) logits for the next token after the last input position
-    hidden: torch.Tensor  # (seq, hidden) last-layer hidden states of the input positions
-    cache: DynamicCache
-    tail_logits: torch.Tensor | None = None  # (logits_to_keep, vocab) when more than one was asked for
-
-
-@dataclass
-class Generation:
-    text: str
-    token_ids: list[int]
-    input_tokens: int
-    prefill_seconds: float
-    decode_seconds: float
-    cached_tokens: int = 0  # prompt tokens whose keys/values came from a PrefixCache
+__all__ = ["Backend", "Generation", "PrefixCache", "StepOutput", "default_device", "default_dtype"]
 
 
 def default_device() -> str:
@@ -64,7 +44,9 @@ def default_dtype(device: torch.device) -> torch.dtype:
     return torch.float32
 
 
-class Backend:
+class Backend(BackendBase):
+    engine = "transformers"
+
     def __init__(
         self,
         name: str,
@@ -89,35 +71,28 @@ class Backend:
         self.tokenizer = tokenizer
         self.eos_ids = self._eos_ids()
 
-    def _eos_ids(self) -> set[int]:
-        ids = set()
-        for source in (self.model.generation_config.eos_token_id, self.tokenizer.eos_token_id):
-            if isinstance(source, int):
-                ids.add(source)
-            elif source:
-                ids.update(source)
-        for special in ("<|im_end|>", "<|endoftext|>", "<|eot_id|>"):
-            tid = self.tokenizer.convert_tokens_to_ids(special)
-            if isinstance(tid, int) and tid != self.tokenizer.unk_token_id:
-                ids.add(tid)
-        return ids
+    def _config_eos(self) -> Any:
+        return self.model.generation_config.eos_token_id
+
+    @torch.inference_mode()
+    def hidden_of_lines(self, prefix: DynamicCache, lines: list[list[int]]) -> list[torch.Tensor]:
+        """Last-layer hidden states (len(line), H) of each line run after a copy of `prefix`, in
+        one batch. Lines are right-padded: under causal attention a real token never sees the
+        padding after it, so no attention mask is needed and every real position equals what that
+        line alone would give."""
+        width = max(len(line) for line in lines)
+        pad = self.tokenizer.pad_token_id or 0
+        ids = torch.tensor([line + [pad] * (width - len(line)) for line in lines], device=self.device)
+        cache = self.fork(prefix)
+        cache.batch_repeat_interleave(len(lines))
+        past = prefix.get_seq_length()
+        positions = torch.arange(past, past + width, device=self.device).expand(len(lines), -1)
+        hidden = self.model.get_decoder()(input_ids=ids, cache=cache, position_ids=positions, use_cache=True).last_hidden_state
+        return [hidden[row, : len(line)] for row, line in enumerate(lines)]
 
     @property
     def hidden_size(self) -> int:
         return self.model.config.hidden_size
-
-    # -- prompting -------------------------------------------------------------------------
-    def chat_prompt(self, messages: Sequence[dict], tools: Sequence[dict] | None = None) -> str:
-        """Render chat messages (and OpenAI-style tool dicts) with the model's own chat template."""
-        return self.tokenizer.apply_chat_template(
-            list(messages), tools=list(tools) if tools else None, tokenize=False, add_generation_prompt=True
-        )
-
-    def encode(self, text: str) -> list[int]:
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
 
     def embed(self, ids: Sequence[int]) -> torch.Tensor:
         """Input embeddings (len, hidden) of token ids: the space a soft token is inserted into."""
@@ -132,12 +107,14 @@ class Backend:
         embeds: torch.Tensor | None = None,
         cache: DynamicCache | None = None,
         logits_to_keep: int = 1,
+        output_hidden: bool = False,
     ) -> StepOutput:
         """Run new tokens (ids, or embeddings of shape (len, hidden)) after what `cache` holds.
 
         The cache is extended in place; pass `fork(cache)` to keep a prefix cache reusable.
         `logits_to_keep` > 1 also returns the logits of that many last positions (`tail_logits`),
-        e.g. to verify drafted tokens in one pass.
+        e.g. to verify drafted tokens in one pass. Hidden states come with every pass here
+        (`output_hidden` matters to engines where they cost extra).
         """
         if (ids is None) == (embeds is None):
             raise ValueError("pass exactly one of ids or embeds")
@@ -158,90 +135,6 @@ class Backend:
             logits=logits[-1], hidden=hidden, cache=out.cache, tail_logits=logits if logits_to_keep > 1 else None
         )
 
-    def prefill(self, ids: Sequence[int]) -> DynamicCache:
-        """KV cache of a fixed prefix, to be reused with `fork` by many requests."""
-        return self.forward(ids=ids).cache
-
     @staticmethod
     def fork(cache: DynamicCache) -> DynamicCache:
         return copy.deepcopy(cache)
-
-    # -- generation ------------------------------------------------------------------------
-    @torch.inference_mode()
-    def generate(
-        self,
-        ids: Sequence[int] | None = None,
-        embeds: torch.Tensor | None = None,
-        cache: DynamicCache | None = None,
-        max_new_tokens: int = 256,
-        stop: Callable[[str], bool] | None = None,
-        prefix_cache: PrefixCache | None = None,
-    ) -> Generation:
-        """Greedy decoding after a prompt (ids or embeddings), optionally after a reused cache.
-
-        With `prefix_cache`, the prompt ids it shares with the previous prompt are not run again.
-        Stops at an end-of-sequence token, after `max_new_tokens`, or as soon as `stop(text)`
-        is true for the text generated so far.
-        """
-        start = time.perf_counter()
-        cached_tokens = 0
-        if prefix_cache is not None:
-            if ids is None or cache is not None:
-                raise ValueError("prefix_cache works on token ids, without an explicit cache")
-            step, cached_tokens = prefix_cache.run(ids)
-        else:
-            step = self.forward(ids=ids, embeds=embeds, cache=cache)
-        input_tokens = len(ids) if ids is not None else int(embeds.shape[0])
-        prefill_done = time.perf_counter()
-        generated: list[int] = []
-        while True:
-            token = int(torch.argmax(step.logits))
-            if token in self.eos_ids:
-                break
-            generated.append(token)
-            if len(generated) >= max_new_tokens or (stop is not None and stop(self.decode(generated))):
-                break
-            step = self.forward(ids=[token], cache=step.cache)
-        return Generation(
-            text=self.decode(generated),
-            token_ids=generated,
-            input_tokens=input_tokens,
-            prefill_seconds=prefill_done - start,
-            decode_seconds=time.perf_counter() - prefill_done,
-            cached_tokens=cached_tokens,
-        )
-
-
-class PrefixCache:
-    """Reuses the KV cache of the previous prompt for the token prefix a new prompt shares with it.
-
-    Exact: the same ids at the same positions give the same keys and values. With a fixed tool
-    library in the system prompt, the library is read once and each request runs only its own
-    tokens. The stored cache is the live one (decoding appends to it); the next `run` crops it back
-    to the shared prefix, so nothing is copied. Not thread-safe: one request at a time.
-    """
-
-    def __init__(self, backend: Backend):
-        self.backend = backend
-        self._ids: list[int] = []
-        self._cache: DynamicCache | None = None
-
-    def run(self, ids: Sequence[int]) -> tuple[StepOutput, int]:
-        """Forward `ids`; returns the step after the last id and how many ids were reused."""
-        ids = list(ids)
-        shared = 0
-        for old, new in zip(self._ids, ids[:-1]):  # keep >= 1 new id: its logits are needed
-            if old != new:
-                break
-            shared += 1
-        cache = None
-        if shared and self._cache is not None:
-            cache = self._cache
-            excess = cache.get_seq_length() - shared
-            if excess:
-                cache.crop(-excess)  # transformers 5 crops by a negative count of tokens to drop
-        else:
-            shared = 0
-        step = self.backend.forward(ids=ids[shared:], cache=cache)
-        self._ids, self._cache = ids, step.cache
-        return step, shared
