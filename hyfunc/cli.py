@@ -13,6 +13,7 @@ from hyfunc.formats.schema import SchemaError, parse_tools
 from hyfunc.methods import METHODS
 from hyfunc.methods.base import Answer
 from hyfunc.methods.direct import PROMPT_STYLES
+from hyfunc.models.engines import DEFAULT_ENGINE, ENGINES
 from hyfunc.models.registry import DEFAULT_LARGE, DEFAULT_MODELS, DEFAULT_SMALL, ModelNotAvailable
 
 
@@ -29,6 +30,11 @@ def _add_method_args(parser: argparse.ArgumentParser, prefix_caching: bool) -> N
     parser.add_argument("--style", default="auto", choices=["auto", *PROMPT_STYLES], help="prompting style")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     parser.add_argument(
+        "--engine", default=DEFAULT_ENGINE, choices=ENGINES,
+        help=f"inference engine of every model (default: {DEFAULT_ENGINE}, the fastest measured on CPUs)",
+    )
+    parser.add_argument("--small-engine", choices=ENGINES, help="the cascade's small model on another engine")
+    parser.add_argument(
         "--prefix-caching", action=argparse.BooleanOptionalAction, default=prefix_caching,
         help="reuse the KV cache of the prompt prefix shared with the previous request (exact)",
     )
@@ -41,7 +47,7 @@ def _build_method(args: argparse.Namespace):
     # A fixed tool library (demo, call) is read once; BFCL cases each bring their own tools.
     method = load_method(
         args.method, model=args.model, style=args.style, device=args.device, prefix_caching=args.prefix_caching,
-        artifact=args.artifact, ablate=tuple(args.ablate),
+        artifact=args.artifact, ablate=tuple(args.ablate), engine=args.engine, small_engine=args.small_engine,
     )
     print(f"loaded {method.name} in {time.perf_counter() - start:.1f}s", file=sys.stderr)
     return method
@@ -118,7 +124,7 @@ def cmd_eval_bfcl(args: argparse.Namespace) -> int:
     else:
         from hyfunc.eval.report import compare_runs
 
-        baseline = f"direct:{args.with_direct[0]}" if args.with_direct else None
+        baseline = next((label for label in methods if label.startswith("direct:")), None)
         paths = compare_runs([dirs[label] for label in methods], out_dir, names=list(methods), baseline=baseline)
         print(paths["md"].read_text())
     return 0 if all(summaries.values()) else 1
@@ -146,11 +152,14 @@ def _side_by_side_methods(args: argparse.Namespace) -> dict:
         if other.large is main.large:
             main.share_large_pass(other)  # the same large model reads the same prompt: one pass per case
         methods[other.name] = other
-    for model in args.with_direct:
+    for spec in args.with_direct:
+        model, _, engine = spec.partition("@")
+        engine = engine or args.engine
         large = getattr(main, "large", None)
         # The cascade's large model is the same network: answering directly with it needs no second copy.
-        backend = large if large is not None and large.name == model else None
-        methods[f"direct:{model}"] = load_method("direct", model=model, device=args.device, backend=backend)
+        backend = large if large is not None and large.name == model and large.engine == engine else None
+        label = f"direct:{model}" + (f"@{engine}" if "@" in spec else "")
+        methods[label] = load_method("direct", model=model, device=args.device, backend=backend, engine=engine)
     return methods
 
 
@@ -167,11 +176,18 @@ def cmd_bench_library(args: argparse.Namespace) -> int:
     from hyfunc.methods import load_method
 
     examples, tools = library_examples(args.data, args.requests, args.seed)
-    cascade = load_method("hyfunc", artifact=args.artifact, device=args.device)
-    model = args.model or cascade.large.name
-    backend = cascade.large if model == cascade.large.name else None
-    direct = load_method("direct", model=model, device=args.device, prefix_caching=True, backend=backend)
-    result = run_library_benchmark({"hyfunc": cascade, f"direct:{model}": direct}, examples, tools)
+    cascade = load_method(
+        "hyfunc", artifact=args.artifact, device=args.device, engine=args.engine, small_engine=args.small_engine
+    )
+    methods = {"hyfunc": cascade}
+    for spec in args.with_direct or [f"{cascade.large.name}@{args.engine}"]:
+        model, _, engine = spec.partition("@")
+        engine = engine or args.engine
+        same = model == cascade.large.name and engine == cascade.large.engine
+        methods[f"direct:{model}@{engine}"] = load_method(
+            "direct", model=model, device=args.device, prefix_caching=True, backend=cascade.large if same else None, engine=engine
+        )
+    result = run_library_benchmark(methods, examples, tools)
     paths = write_library_report(result, args.out)
     print(paths["md"].read_text())
     return 0
@@ -248,8 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     bfcl.add_argument("--no-resume", action="store_true", help="start over instead of skipping cases already scored")
     bfcl.add_argument(
         "--with-direct", nargs="+", default=[], metavar="MODEL",
-        help="also answer every case by direct prompting with these models, interleaved with the main "
-        "method (side by side); the first is the baseline of the latency ratios",
+        help="also answer every case by direct prompting with these models (MODEL or MODEL@ENGINE), "
+        "interleaved with the main method (side by side); the first is the baseline of the latency ratios",
     )
     bfcl.add_argument(
         "--with-cascade", nargs="+", default=[], metavar="ARTIFACT",
@@ -271,8 +287,13 @@ def main(argv: list[str] | None = None) -> int:
     lib.add_argument("--data", nargs="+", required=True, help="fc-train files or directories (held-out examples are used)")
     lib.add_argument("--requests", type=int, default=12, help="held-out examples; their tools form the library")
     lib.add_argument("--artifact", help="cascade directory (default: the shipped one)")
-    lib.add_argument("--model", help="model answering directly (default: the cascade's large model)")
+    lib.add_argument(
+        "--with-direct", nargs="+", metavar="MODEL[@ENGINE]",
+        help="models answering directly, each with its prefix cache (default: the cascade's large model on --engine)",
+    )
     lib.add_argument("--device", default=None)
+    lib.add_argument("--engine", default=DEFAULT_ENGINE, choices=ENGINES, help="engine of the cascade's models")
+    lib.add_argument("--small-engine", choices=ENGINES, help="the cascade's small model on another engine")
     lib.add_argument("--seed", type=int, default=0)
     lib.add_argument("--out", default="reports/library", help="where library.{json,md,png} go")
     lib.set_defaults(func=cmd_bench_library)

@@ -21,29 +21,35 @@ def load_method(
     artifact: str | None = None,
     ablate: tuple[str, ...] = (),
     backend=None,
+    engine: str = "transformers",
+    small_engine: str | None = None,
 ) -> Method:
     """Build a method by name with its model(s) loaded.
 
     direct: `model` answers with every tool in its prompt. hyfunc: the cascade prepared in the
     `artifact` directory (default: the shipped one); `ablate` switches stages off ("soft_token",
     "retriever", "templating"). `backend`: an already loaded Backend of `model` to reuse (direct).
+    `engine`: transformers or llamacpp for every model (`small_engine`: the cascade's small model
+    on another one).
     """
     if name == "hyfunc":
         from hyfunc.methods.cascade import DEFAULT_ARTIFACT, CascadeOptions, HyFuncMethod
 
         options = CascadeOptions(**{stage: False for stage in ablate})
-        return HyFuncMethod.load(artifact or DEFAULT_ARTIFACT, options=options, device=device)
+        return HyFuncMethod.load(
+            artifact or DEFAULT_ARTIFACT, options=options, device=device, large_engine=engine, small_engine=small_engine or engine
+        )
     if name != "direct":
         raise ValueError(f"unknown method {name!r}; available: {', '.join(METHODS)}")
     if model is None:
         raise ValueError("method 'direct' needs a model")
     from hyfunc.methods.direct import DirectMethod
-    from hyfunc.models.backend import Backend
+    from hyfunc.models.engines import load_backend
 
     if style == "auto":
         style = PREFERRED_STYLE.get(model, "bfcl")
     if backend is None:
-        backend = Backend(model, device=device)
+        backend = load_backend(model, engine, device=device)
     return DirectMethod(backend, style=style, prefix_caching=prefix_caching)
 
 

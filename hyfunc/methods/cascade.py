@@ -18,9 +18,10 @@ An artifact directory (written by `hyfunc prepare`) holds what was trained::
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -35,7 +36,8 @@ from hyfunc.cascade.templating import TemplateDecoder
 from hyfunc.formats.calls import CallParseError, parse_calls
 from hyfunc.formats.schema import Tool
 from hyfunc.methods.base import Answer
-from hyfunc.models.backend import Backend, default_dtype
+from hyfunc.models.base import BackendBase
+from hyfunc.models.engines import load_backend
 
 MANIFEST = "manifest.json"
 RANKING_SHOWN = 32  # tools listed, best first, in an answer's details
@@ -82,8 +84,8 @@ def _request_text(messages: Sequence[dict]) -> str:
 class HyFuncMethod:
     def __init__(
         self,
-        large: Backend,
-        small: Backend,
+        large: BackendBase,
+        small: BackendBase,
         retriever: Retriever,
         projector: SoftTokenProjector | None,
         options: CascadeOptions | None = None,
@@ -97,6 +99,10 @@ class HyFuncMethod:
         self.library_retriever = library_retriever
         self.projector = projector.to(small.device).eval() if projector is not None else None
         self.options = options or CascadeOptions()
+        # What a report records about this method (`run_metadata`).
+        self.config: dict = {
+            "large": f"{large.name} ({large.engine})", "small": f"{small.name} ({small.engine})", "options": asdict(self.options),
+        }
         if self.options.soft_token and self.projector is None:
             raise ValueError("the soft-token prefix needs a trained projector")
         self.decoder = TemplateDecoder(small)
@@ -126,30 +132,26 @@ class HyFuncMethod:
     @classmethod
     def load(
         cls, directory: str | Path, options: CascadeOptions | None = None, device: str | None = None,
-        large: Backend | None = None,
+        large: BackendBase | None = None, large_engine: str = "transformers", small_engine: str = "transformers",
     ) -> HyFuncMethod:
-        """The cascade prepared in `directory`; `large`: an already loaded large model to reuse
-        (used only if it is the artifact's)."""
+        """The cascade prepared in `directory`, its large and small models on the given engines;
+        `large`: an already loaded large model to reuse (used only if it is the artifact's)."""
         directory = Path(directory)
         manifest_path = directory / MANIFEST
         if not manifest_path.is_file():
             raise FileNotFoundError(f"{directory}: no {MANIFEST}; not a prepared cascade (run `hyfunc prepare`)")
         manifest = json.loads(manifest_path.read_text())
         if large is None or large.name != manifest["large_model"]:
-            large = Backend(manifest["large_model"], device=device)
-        small = Backend(manifest["small_model"], device=device, dtype=torch.float32)  # the adapter merges in fp32
-        if (directory / "adapter").is_dir():
-            from peft import PeftModel
-
-            # Merged once at load: inference then runs a plain model, no adapter overhead.
-            small.model = PeftModel.from_pretrained(small.model, directory / "adapter").merge_and_unload().eval()
-        # Then the default precision, as the large model's (bf16 where matmuls are native; trained
-        # under bf16 autocast): a 650-token prefill of the 0.5B model took 0.65 s in bf16 vs 2.5 s.
-        small.model.to(default_dtype(small.device))
+            large = load_backend(manifest["large_model"], large_engine, device=device)
+        adapter = directory / "adapter" if (directory / "adapter").is_dir() else None
+        small = load_backend(manifest["small_model"], small_engine, device=device, adapter=adapter)
         projector = load_projector(directory) if (directory / "projector.json").is_file() else None
         retriever = Retriever.load(directory / "retriever")
         library_retriever = Retriever.load(directory / "library_retriever") if (directory / "library_retriever").is_dir() else None
-        return cls(large, small, retriever, projector, options, name=f"hyfunc:{directory.name}", library_retriever=library_retriever)
+        method = cls(large, small, retriever, projector, options, name=f"hyfunc:{directory.name}", library_retriever=library_retriever)
+        method.config["artifact"] = str(directory)
+        method.config["manifest_sha256"] = hashlib.sha256(manifest_path.read_bytes()).hexdigest()
+        return method
 
     #: Libraries up to this many tools are read in one prompt (joint mode); larger ones per function.
     MAX_PROMPT_TOOLS = 128

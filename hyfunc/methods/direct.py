@@ -15,7 +15,7 @@ from hyfunc.formats.bfcl import bfcl_prompt_messages
 from hyfunc.formats.calls import CallParseError, parse_calls, parse_python_calls
 from hyfunc.formats.schema import Tool
 from hyfunc.methods.base import Answer
-from hyfunc.models.backend import Backend, PrefixCache
+from hyfunc.models.base import BackendBase, PrefixCache
 
 PromptStyle = Literal["bfcl", "native"]
 PROMPT_STYLES: tuple[str, ...] = ("bfcl", "native")
@@ -49,7 +49,7 @@ def _python_answer_done(text: str) -> bool:
 
 class DirectMethod:
     def __init__(
-        self, backend: Backend, style: PromptStyle = "bfcl", max_new_tokens: int = 384, prefix_caching: bool = False
+        self, backend: BackendBase, style: PromptStyle = "bfcl", max_new_tokens: int = 384, prefix_caching: bool = False
     ):
         """`prefix_caching` reuses the KV cache of the prompt prefix shared with the previous request
         (exact; with a fixed tool library, the library is read once)."""

@@ -134,21 +134,43 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     tmp.rename(out_dir)
 
 
+def default_gguf(alias: str) -> Path:
+    """The assembled, sha256-verified GGUF file of a default model (assembled once)."""
+    spec = DEFAULT_MODELS[alias]
+    gguf = hyfunc_home() / "models" / f"{alias}.gguf"
+    stamp = gguf.with_suffix(".gguf.sha256")
+    if gguf.is_file() and stamp.is_file() and stamp.read_text().strip() == spec.sha256 and gguf.stat().st_size == spec.size:
+        return gguf
+    gguf.parent.mkdir(parents=True, exist_ok=True)
+    partial = gguf.with_suffix(".gguf.partial")
+    _assemble_gguf(spec, partial)
+    partial.rename(gguf)
+    stamp.write_text(spec.sha256 + "\n")
+    return gguf
+
+
+def resolve_gguf(name: str) -> Path:
+    """The GGUF file of a default model alias or a `.gguf` path (what the llama.cpp engine runs)."""
+    if name in DEFAULT_MODELS:
+        return default_gguf(name)
+    path = Path(name).expanduser()
+    if path.suffix == ".gguf" and path.is_file():
+        return path
+    known = ", ".join(DEFAULT_MODELS)
+    raise ModelNotAvailable(f"the llama.cpp engine runs GGUF files: '{name}' is neither a default model ({known}) nor a .gguf file")
+
+
 def _materialize_default(spec: DefaultModel) -> Path:
     out_dir = hyfunc_home() / "models" / spec.alias
     manifest = out_dir / "hyfunc_model.json"
     if manifest.is_file() and json.loads(manifest.read_text()).get("gguf_sha256") == spec.sha256:
         return out_dir
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    gguf = out_dir.parent / f"{spec.alias}.gguf"
     start = time.perf_counter()
-    _assemble_gguf(spec, gguf)
+    gguf = default_gguf(spec.alias)  # kept: the llama.cpp engine runs it as is
     assembled = time.perf_counter()
-    try:
-        print(f"converting {spec.alias} to safetensors (once) ...", flush=True)
-        convert_gguf(gguf, out_dir)
-    finally:
-        gguf.unlink(missing_ok=True)
+    print(f"converting {spec.alias} to safetensors (once) ...", flush=True)
+    convert_gguf(gguf, out_dir)
     record = {
         "alias": spec.alias,
         "upstream": spec.upstream,

@@ -1,0 +1,147 @@
+"""The same backend contract on both engines, on the real SmolLM2-135M GGUF (transformers runs its
+dequantised weights, llama.cpp the GGUF itself): agreement, input embeddings, KV fork/crop equal
+to recomputation, batched lines, templating, and a LoRA adapter converted to GGUF."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from hyfunc.cascade.templating import TemplateDecoder
+from hyfunc.formats.schema import parse_tools
+from hyfunc.formats.validate import argument_errors
+from hyfunc.models.backend import Backend
+from hyfunc.models.llamacpp import LlamaCppBackend, llama_cpp_available
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(not llama_cpp_available(), reason="llama-cpp-python is not installed (make llamacpp)"),
+]
+MODEL = "smollm2-135m"
+
+
+@pytest.fixture(scope="module")
+def llama() -> LlamaCppBackend:
+    return LlamaCppBackend(MODEL, n_ctx=2048, n_seq=8)
+
+
+@pytest.fixture(scope="module")
+def torch_fp32() -> Backend:
+    return Backend(MODEL, dtype=torch.float32)
+
+
+@pytest.fixture(scope="module")
+def ids(llama) -> list[int]:
+    return llama.encode(llama.chat_prompt([{"role": "user", "content": "What is the weather like in Paris today?"}]))
+
+
+def _cos(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.cosine_similarity(a.float(), b.float(), dim=-1)
+
+
+def test_same_tokens_and_prompts_on_both_engines(llama, torch_fp32, ids):
+    text = torch_fp32.chat_prompt([{"role": "user", "content": "What is the weather like in Paris today?"}])
+    assert torch_fp32.encode(text) == ids
+    assert llama.eos_ids & torch_fp32.eos_ids
+
+
+def test_logits_and_hidden_states_agree_with_transformers(llama, torch_fp32, ids):
+    ref = torch_fp32.forward(ids=ids, logits_to_keep=3)
+    out = llama.forward(ids=ids, logits_to_keep=3, output_hidden=True)
+    assert out.hidden.shape == ref.hidden.shape and out.tail_logits.shape == ref.tail_logits.shape
+    assert _cos(out.hidden, ref.hidden).min() > 0.99  # llama.cpp quantises activations in its matmuls
+    assert _cos(out.tail_logits, ref.tail_logits).min() > 0.99
+    assert int(out.logits.argmax()) == int(ref.logits.argmax())
+    assert llama.forward(ids=ids).hidden is None  # hidden states only when asked
+
+
+def test_input_embeddings_equal_the_tables_and_the_ids_path(llama, torch_fp32, ids):
+    torch.testing.assert_close(llama.embed(ids[:6]), torch_fp32.embed(ids[:6]).float(), rtol=0, atol=1e-6)
+    by_ids = llama.forward(ids=ids)
+    by_embeds = llama.forward(embeds=llama.embed(ids))
+    assert _cos(by_ids.logits, by_embeds.logits) > 0.9999
+    assert int(by_ids.logits.argmax()) == int(by_embeds.logits.argmax())
+
+
+def test_fork_and_crop_equal_recomputation(llama, ids):
+    full = llama.forward(ids=ids, logits_to_keep=2).tail_logits
+    prefix = llama.prefill(ids[:-5])
+    assert prefix.get_seq_length() == len(ids) - 5
+    for _ in range(2):  # the prefix stays reusable: each fork extends its own sequence
+        forked = llama.fork(prefix)
+        step = llama.forward(ids=ids[-5:], cache=forked, logits_to_keep=2)
+        torch.testing.assert_close(step.tail_logits, full, rtol=1e-3, atol=1e-3)
+        assert forked.get_seq_length() == len(ids) and prefix.get_seq_length() == len(ids) - 5
+    # Drafted tokens rejected: crop them away and run the true continuation.
+    kv = llama.fork(prefix)
+    llama.forward(ids=[11, 12, 13], cache=kv)
+    kv.crop(-3)
+    again = llama.forward(ids=ids[-5:], cache=kv, logits_to_keep=2)
+    torch.testing.assert_close(again.tail_logits, full, rtol=1e-3, atol=1e-3)
+
+
+def test_sequences_are_recycled(llama, ids):
+    prefix = llama.prefill(ids[:4])
+    for _ in range(3 * 8):  # more forks than sequences: each is released when dropped
+        llama.forward(ids=ids[4:6], cache=llama.fork(prefix))
+
+
+def test_lines_in_one_batch_equal_each_line_alone(llama, ids):
+    prefix = llama.prefill(ids[:8])
+    lines = [ids[8:12], ids[8:10], ids[10:15]]
+    batched = llama.hidden_of_lines(prefix, lines)
+    for line, hidden in zip(lines, batched):
+        alone = llama.forward(ids=line, cache=llama.fork(prefix), output_hidden=True).hidden
+        assert hidden.shape == alone.shape and _cos(hidden, alone).min() > 0.9999
+
+
+def test_greedy_generation_with_a_prefix_cache_equals_without(llama, ids):
+    from hyfunc.models.base import PrefixCache
+
+    plain = llama.generate(ids=ids, max_new_tokens=12)
+    cache = PrefixCache(llama)
+    llama.generate(ids=ids[:-2] + [11, 12], max_new_tokens=4, prefix_cache=cache)
+    reused = llama.generate(ids=ids, max_new_tokens=12, prefix_cache=cache)
+    assert reused.cached_tokens == len(ids) - 2 and reused.token_ids == plain.token_ids and plain.token_ids
+
+
+TOOLS = parse_tools([
+    {"type": "function", "function": {"name": "get_weather", "description": "Current weather", "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+                       "days": {"type": "integer"}},
+        "required": ["city"]}}},
+])
+
+
+def test_templating_on_llamacpp_is_schema_valid(llama):
+    prompt = llama.encode(llama.chat_prompt([{"role": "user", "content": "Weather in Paris for 3 days, in celsius?"}]))
+    out = TemplateDecoder(llama).decode(llama.forward(ids=prompt), TOOLS, require_call=True, draft_source="Weather in Paris for 3 days, in celsius?")
+    assert out.calls and all(c.name == "get_weather" for c in out.calls)
+    assert all(not argument_errors(c, TOOLS[0]) for c in out.calls)
+    assert json.loads(out.text) == [{"name": c.name, "arguments": c.arguments} for c in out.calls]
+
+
+def test_lora_adapter_as_gguf_equals_the_merged_model(tmp_path, torch_fp32, ids):
+    from peft import LoraConfig, get_peft_model
+
+    from hyfunc.models.gguf_lora import convert_adapter
+
+    torch.manual_seed(0)
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"], init_lora_weights=False)
+    base = Backend(MODEL, dtype=torch.float32)
+    peft_model = get_peft_model(base.model, config)
+    for name, param in peft_model.named_parameters():
+        if "lora_" in name:
+            param.data.normal_(0, 0.02)
+    peft_model.save_pretrained(tmp_path / "adapter")
+    merged = peft_model.merge_and_unload().eval()
+    ref = Backend(MODEL, model=merged, tokenizer=base.tokenizer).forward(ids=ids, logits_to_keep=4).tail_logits
+    before = torch_fp32.forward(ids=ids, logits_to_keep=4).tail_logits
+    gguf = convert_adapter(tmp_path / "adapter", LlamaCppBackend(MODEL, n_ctx=512, n_seq=2).gguf_path, tmp_path / "adapter.gguf")
+    adapted = LlamaCppBackend(MODEL, n_ctx=512, n_seq=2, lora=gguf).forward(ids=ids, logits_to_keep=4).tail_logits
+    # The adapter moves the logits, and llama.cpp's adapted logits follow the merged model's.
+    assert _cos(before, ref).min() < 0.999
+    assert (adapted - ref).norm() < 0.25 * (before - ref).norm()
+    assert _cos(adapted, ref).min() > 0.99
