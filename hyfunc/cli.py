@@ -140,18 +140,26 @@ def _side_by_side_methods(args: argparse.Namespace) -> dict:
     from hyfunc.methods import load_method
 
     main = _build_method(args)
-    methods = {main.name if args.method == "direct" else "hyfunc": main}
+    methods = {main.name if args.method == "direct" else f"hyfunc@{main.large.engine}": main}
     for stage in args.ablations:
         methods[f"hyfunc-no-{stage}"] = main.variant(CascadeOptions(**{stage: False}), f"hyfunc-no-{stage}")
-    for artifact in args.with_cascade:
+    for spec in args.with_cascade:
         if args.method != "hyfunc":
             raise ValueError("--with-cascade needs --method hyfunc")
-        from hyfunc.methods.cascade import HyFuncMethod
+        from hyfunc.methods.cascade import DEFAULT_ARTIFACT, HyFuncMethod
 
-        other = HyFuncMethod.load(artifact, device=args.device, large=main.large)
+        artifact, _, engine = spec.partition("@")
+        engine = engine or args.engine
+        other = HyFuncMethod.load(
+            DEFAULT_ARTIFACT if artifact == "shipped" else artifact, device=args.device, large=main.large,
+            large_engine=engine, small_engine=engine,
+        )
         if other.large is main.large:
             main.share_large_pass(other)  # the same large model reads the same prompt: one pass per case
-        methods[other.name] = other
+        label = other.name + (f"@{engine}" if "@" in spec else "")
+        if label in methods:
+            label += "-2"
+        methods[label] = other
     for spec in args.with_direct:
         model, _, engine = spec.partition("@")
         engine = engine or args.engine
@@ -269,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     bfcl.add_argument(
         "--with-cascade", nargs="+", default=[], metavar="ARTIFACT",
-        help="also answer every case with these prepared cascades (e.g. another small model), side by side",
+        help="also answer every case with these prepared cascades (ARTIFACT or ARTIFACT@ENGINE; 'shipped' = "
+        "the shipped one), side by side",
     )
     bfcl.add_argument(
         "--ablations", nargs="+", default=[], choices=["soft_token", "retriever", "templating"],

@@ -30,13 +30,13 @@ import torch
 from hyfunc.cascade.lexical import lexical_scores
 from hyfunc.cascade.library import PerFunctionLibrary
 from hyfunc.cascade.retriever import Retriever
-from hyfunc.cascade.small_model import SoftTokenProjector, build_small_prompt, load_projector, prompt_embeds
+from hyfunc.cascade.small_model import SmallPrompt, SoftTokenProjector, build_small_prompt, load_projector, prompt_embeds
 from hyfunc.cascade.soft_token import Encoding, LibraryCache, SoftTokenEncoder
 from hyfunc.cascade.templating import TemplateDecoder
 from hyfunc.formats.calls import CallParseError, parse_calls
 from hyfunc.formats.schema import Tool
 from hyfunc.methods.base import Answer
-from hyfunc.models.base import BackendBase
+from hyfunc.models.base import BackendBase, PrefixCache, StepOutput
 from hyfunc.models.engines import load_backend
 
 MANIFEST = "manifest.json"
@@ -106,6 +106,7 @@ class HyFuncMethod:
         if self.options.soft_token and self.projector is None:
             raise ValueError("the soft-token prefix needs a trained projector")
         self.decoder = TemplateDecoder(small)
+        self._small_prefix = PrefixCache(small)
         self.name = name
         self.shared_pass = shared_pass
         self._library: LibraryCache | None = None
@@ -191,6 +192,15 @@ class HyFuncMethod:
             return encoding, reused, self.retriever
         return self.encoder.encode(messages, source), False, self.retriever
 
+    def _small_prefill(self, prompt: SmallPrompt, embeds: torch.Tensor) -> tuple[StepOutput, int]:
+        """The small model's pass over its prompt. The token ids before the soft token go through
+        a prefix cache: what they share with the previous request's (the instruction always, the
+        tools too when the same ones were retrieved) is not run again (exact); the soft token and
+        the rest follow as embeddings."""
+        step, reused = self._small_prefix.run(prompt.before_ids)
+        rest = embeds[len(prompt.before_ids):]
+        return (self.small.forward(embeds=rest, cache=step.cache) if len(rest) else step), reused
+
     def answer(self, messages: Sequence[dict], tools: Sequence[Tool]) -> Answer:
         timings: dict[str, float] = {}
         per_function = self._per_function if self._per_function is not None and self._per_function.tools == list(tools) else None
@@ -234,7 +244,8 @@ class HyFuncMethod:
             embeds = prompt_embeds(self.small, self.projector, prompt, soft)
         answer.input_tokens += len(prompt)
         if self.options.templating:
-            step = self.small.forward(embeds=embeds)
+            step, reused = self._small_prefill(prompt, embeds)
+            answer.cached_tokens += reused
             timings["small_prefill"] = time.perf_counter() - start
             start = time.perf_counter()
             # "No tool fits" is the retriever's decision: once it has selected tools, the small
