@@ -286,6 +286,10 @@ def main(argv: list[str] | None = None) -> int:
     ret.add_argument("--out", default="reports/retrieval", help="where retrieval.{json,md,png} go")
     ret.set_defaults(func=cmd_bench_retriever)
 
+    from hyfunc.serving.bench import add_bench_serve_parser
+
+    add_bench_serve_parser(bench_sub)
+
     prep = sub.add_parser("prepare", help="train a cascade (embeddings, retriever, small model); resumable")
     prep.add_argument("--large", default=DEFAULT_LARGE, help="large model (soft token, function embeddings)")
     prep.add_argument("--small", default=DEFAULT_SMALL, help="small model (writes the argument values)")
