@@ -316,6 +316,10 @@ def main(argv: list[str] | None = None) -> int:
     ret.add_argument("--out", default="reports/retrieval", help="where retrieval.{json,md,png} go")
     ret.set_defaults(func=cmd_bench_retriever)
 
+    from hyfunc.serving.bench import add_bench_serve_parser
+
+    add_bench_serve_parser(bench_sub)
+
     prep = sub.add_parser("prepare", help="train a cascade (embeddings, retriever, small model); resumable")
     prep.add_argument("--large", default=DEFAULT_LARGE, help="large model (soft token, function embeddings)")
     prep.add_argument("--small", default=DEFAULT_SMALL, help="small model (writes the argument values)")
@@ -340,6 +344,10 @@ def main(argv: list[str] | None = None) -> int:
     models = sub.add_parser("models", help="list the default models, or prepare (assemble + convert) them")
     models.add_argument("--prepare", nargs="+", metavar="NAME")
     models.set_defaults(func=cmd_models)
+
+    from hyfunc.serving.cli import add_serve_parser
+
+    add_serve_parser(sub)
 
     args = parser.parse_args(argv)
     try:

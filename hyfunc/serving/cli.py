@@ -1,0 +1,84 @@
+"""`hyfunc serve`: the OpenAI-compatible server on uvicorn."""
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import sys
+import time
+from typing import Any
+
+
+def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
+    from hyfunc.methods import METHODS
+    from hyfunc.methods.direct import PROMPT_STYLES
+    from hyfunc.models.registry import DEFAULT_LARGE
+
+    serve = subparsers.add_parser(
+        "serve", help="OpenAI-compatible server: POST /v1/chat/completions with tools -> tool_calls",
+        description="Serve Chat Completions with tools. Decoding is greedy: temperature and top_p are accepted and ignored.",
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: loopback only)")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--method", default="hyfunc", choices=METHODS, help="answering method (default: the cascade)")
+    serve.add_argument("--artifact", help="cascade directory made by `hyfunc prepare` (default: the shipped one)")
+    serve.add_argument("--model", default=DEFAULT_LARGE, help="model of method direct: alias, local path or Hugging Face id")
+    serve.add_argument("--style", default="auto", choices=["auto", *PROMPT_STYLES], help="prompting style (method direct)")
+    serve.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    serve.add_argument("--served-model-name", default="hyfunc", help="the model id clients send (default: hyfunc)")
+    serve.add_argument(
+        "--api-key", default=os.environ.get("HYFUNC_API_KEY"),
+        help="require 'Authorization: Bearer KEY' on /v1 (default: $HYFUNC_API_KEY; none: no key)",
+    )
+    serve.add_argument("--max-queue", type=int, default=16, help="requests waiting beyond the running one; then 429")
+    serve.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024, help="larger bodies get 413")
+    serve.add_argument("--request-timeout", type=float, default=300.0, help="seconds per request, queue included; then 504")
+    serve.add_argument("--max-tokens", type=int, default=2048, help="cap on a text reply's max_tokens")
+    serve.add_argument("--max-tools", type=int, default=128, help="most tools per request; more get 400")
+    serve.add_argument(
+        "--library-cache", type=int, default=8,
+        help="tool libraries whose large-model state (KV cache, embeddings) the cascade keeps, LRU (0: off)",
+    )
+    serve.add_argument("--library-cache-mb", type=int, default=2048, help="memory bound of that cache")
+    serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    serve.set_defaults(func=cmd_serve)
+    return serve
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from hyfunc.serving import ServeConfig, create_app
+
+    if not _loopback(args.host) and not args.api_key:
+        print(f"warning: listening on {args.host} without an API key; anyone who can reach it can use the models",
+              file=sys.stderr)
+    config = ServeConfig(
+        served_model=args.served_model_name, api_key=args.api_key, max_queue=args.max_queue,
+        max_body_bytes=args.max_body_bytes, request_timeout=args.request_timeout, max_tokens_cap=args.max_tokens,
+        max_tools=args.max_tools, library_cache=args.library_cache, library_cache_bytes=args.library_cache_mb * 1024**2,
+    )
+
+    def load() -> Any:
+        from hyfunc.methods import load_method
+
+        start = time.perf_counter()
+        # prefix_caching: the direct method reads a fixed tool library once (exact KV reuse).
+        method = load_method(
+            args.method, model=args.model, style=args.style, device=args.device, prefix_caching=True, artifact=args.artifact
+        )
+        print(f"loaded {method.name} in {time.perf_counter() - start:.1f}s; serving as {args.served_model_name!r}",
+              file=sys.stderr)
+        return method
+
+    app = create_app(load, config)
+    # The models load in the background: /health answers 503 until they are ready.
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=60)
+    return 0

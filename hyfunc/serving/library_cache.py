@@ -1,0 +1,99 @@
+"""Tool-library reuse for the cascade: requests that carry the same tools share its library state.
+
+`HyFuncMethod.use_library(tools)` computes the large model's KV cache of [instruction + tools] and
+the function embeddings (or, past the joint-prompt limit, the per-function embeddings and the
+lexical index); its `answer` then runs only the request's tokens. The method holds ONE library;
+this LRU keeps several, keyed by a fingerprint of the canonical tools (key order inside a schema
+does not matter; tool order does, as it changes the prompt), bounded by count and tensor bytes.
+
+It swaps the method's library state (`_library`, `_per_function`) in and out: the method has no
+public API for that yet. When the cascade gains one (e.g. `library_state()` / `set_library()`),
+only `_state` and `_restore` below change.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections import OrderedDict
+from typing import Any, Sequence
+
+import torch
+
+from hyfunc.formats.schema import Tool
+from hyfunc.serving.metrics import ServerMetrics
+
+
+def fingerprint(tools: Sequence[Tool]) -> str:
+    canonical = json.dumps([t.to_json_schema() for t in tools], sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def tensor_bytes(obj: Any, depth: int = 0, seen: set[int] | None = None) -> int:
+    """Bytes of the tensors reachable from `obj` (a KV cache, embeddings, dataclasses of them)."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen or depth > 6:
+        return 0
+    seen.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(v, depth + 1, seen) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(tensor_bytes(v, depth + 1, seen) for v in obj)
+    if hasattr(obj, "__dict__") and not isinstance(obj, type):
+        return sum(tensor_bytes(v, depth + 1, seen) for v in vars(obj).values())
+    return 0
+
+
+class LibraryCache:
+    def __init__(self, max_entries: int, max_bytes: int, metrics: ServerMetrics | None = None):
+        self.max_entries, self.max_bytes = max_entries, max_bytes
+        self.metrics = metrics
+        self._entries: OrderedDict[tuple[int, str], tuple[Any, int]] = OrderedDict()
+        self.hits = self.misses = 0
+
+    @staticmethod
+    def supports(method: Any) -> bool:
+        return hasattr(method, "use_library") and hasattr(method, "_library")
+
+    @property
+    def bytes(self) -> int:
+        return sum(size for _, size in self._entries.values())
+
+    def select(self, method: Any, tools: Sequence[Tool]) -> tuple[bool, float]:
+        """Make `method`'s library state that of `tools`: (reused?, seconds spent building).
+        Call from the model worker only (the state is the method's, not thread-safe)."""
+        if self.max_entries <= 0 or not self.supports(method) or not tools:
+            return False, 0.0
+        key = (id(method), fingerprint(tools))
+        if key in self._entries:
+            self._entries.move_to_end(key)
+            self._restore(method, self._entries[key][0])
+            self.hits += 1
+            if self.metrics:
+                self.metrics.library_hits.inc()
+            return True, 0.0
+        start = time.perf_counter()
+        method.use_library(list(tools))
+        seconds = time.perf_counter() - start
+        state = self._state(method)
+        self._entries[key] = (state, tensor_bytes(state))
+        self.misses += 1
+        while len(self._entries) > self.max_entries or (len(self._entries) > 1 and self.bytes > self.max_bytes):
+            self._entries.popitem(last=False)  # least recently used; the new entry always stays
+        if self.metrics:
+            self.metrics.library_misses.inc()
+            self.metrics.library_entries.set(len(self._entries))
+            self.metrics.library_bytes.set(self.bytes)
+        return False, seconds
+
+    @staticmethod
+    def _state(method: Any) -> tuple[Any, Any]:
+        return (method._library, getattr(method, "_per_function", None))
+
+    @staticmethod
+    def _restore(method: Any, state: tuple[Any, Any]) -> None:
+        method._library = state[0]
+        if hasattr(method, "_per_function"):
+            method._per_function = state[1]

@@ -1,0 +1,142 @@
+"""What the server asks of a model beyond `Method.answer`, written against the `Backend` API:
+
+- a text reply (no tool fits, `tool_choice: none`, no tools, or an answer after tool results),
+  greedy, streamed token by token through a callback, never empty;
+- a forced call (`tool_choice: required` or a named tool when the method made no call): the
+  templating decoder writes a schema-valid call to one of the offered tools, and must write one.
+
+These belong to the methods eventually (the cascade could continue its text reply from the
+large model's prompt state); they live here so the serving layer does not edit the method classes.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from hyfunc.formats.calls import Call
+from hyfunc.formats.schema import Tool
+
+#: Said when the model's reply is empty: an empty assistant message makes agents loop.
+FALLBACK_TEXT = "I cannot help with this request using the available tools."
+
+CALL_INSTRUCTION = (
+    "You write function calls. Answer with a JSON list of calls "
+    '[{"name": ..., "arguments": {...}}] to the functions below.'
+    "\n\nFunctions, one JSON schema per line:\n"
+)
+
+
+@dataclass
+class TextReply:
+    text: str
+    input_tokens: int
+    output_tokens: int
+    seconds: float
+    truncated: bool  # stopped by max_tokens: finish_reason "length"
+
+
+@dataclass
+class ForcedCalls:
+    calls: list[Call]
+    input_tokens: int
+    generated_tokens: int
+    injected_tokens: int
+    prefill_seconds: float
+    decode_seconds: float
+
+
+class _Deltas:
+    """Turns the growing decoded text into deltas: leading whitespace is held back (a reply does
+    not start with a blank line), and so is a trailing partial UTF-8 character (the tokenizer
+    decodes half a character as U+FFFD, which the next token replaces). The reply is exactly the
+    concatenation of the deltas sent, so a streamed reply equals the non-streamed one."""
+
+    def __init__(self, on_delta: Callable[[str], None] | None):
+        self.on_delta = on_delta
+        self.sent = ""
+
+    def feed(self, text: str) -> None:
+        visible = text.lstrip()
+        if visible.endswith("\ufffd") or not visible.startswith(self.sent):
+            return
+        self._send(visible[len(self.sent) :])
+
+    def finish(self, text: str) -> str:
+        visible = text.lstrip()
+        if visible.startswith(self.sent):
+            self._send(visible[len(self.sent) :].replace("\ufffd", ""))
+        if not self.sent.strip():
+            self._send(FALLBACK_TEXT)
+        return self.sent
+
+    def _send(self, delta: str) -> None:
+        if not delta:
+            return
+        self.sent += delta
+        if self.on_delta is not None:
+            self.on_delta(delta)
+
+
+def write_text(
+    backend: Any,
+    messages: Sequence[dict],
+    max_tokens: int,
+    on_delta: Callable[[str], None] | None = None,
+    should_stop: Callable[[], bool] = lambda: False,
+) -> TextReply:
+    """Greedy reply to plain chat `messages`; `should_stop` (deadline, client gone) ends it early."""
+    start = time.perf_counter()
+    ids = backend.encode(backend.chat_prompt(list(messages)))
+    deltas = _Deltas(on_delta)
+
+    def stop(text: str) -> bool:
+        deltas.feed(text)
+        return should_stop()
+
+    gen = backend.generate(ids=ids, max_new_tokens=max_tokens, stop=stop)
+    text = deltas.finish(gen.text)
+    return TextReply(
+        text=text,
+        input_tokens=len(ids),
+        output_tokens=len(gen.token_ids),
+        seconds=time.perf_counter() - start,
+        truncated=len(gen.token_ids) >= max_tokens,
+    )
+
+
+class CallWriter:
+    """Forced calls with the templating decoder; one decoder per (backend, max_calls), since a
+    decoder builds its vocabulary tables once (seconds for a 150k-token vocabulary)."""
+
+    def __init__(self) -> None:
+        self._decoders: dict[tuple[int, int], Any] = {}
+        self._lock = threading.Lock()
+
+    def _decoder(self, backend: Any, max_calls: int) -> Any:
+        # Imported here: the templating package is heavy and only needed for forced calls.
+        from hyfunc.cascade.templating import TemplateDecoder
+
+        key = (id(backend), max_calls)
+        with self._lock:
+            if key not in self._decoders:
+                self._decoders[key] = TemplateDecoder(backend, max_calls=max_calls)
+            return self._decoders[key]
+
+    def write(self, backend: Any, request: str, tools: Sequence[Tool], single: bool) -> ForcedCalls:
+        start = time.perf_counter()
+        system = CALL_INSTRUCTION + "\n".join(json.dumps(t.to_json_schema(), ensure_ascii=False) for t in tools)
+        ids = backend.encode(backend.chat_prompt([{"role": "system", "content": system}, {"role": "user", "content": request}]))
+        step = backend.forward(ids=ids)
+        prefilled = time.perf_counter()
+        out = self._decoder(backend, 1 if single else 8).decode(step, list(tools), require_call=True, draft_source=request)
+        return ForcedCalls(
+            calls=out.calls,
+            input_tokens=len(ids),
+            generated_tokens=out.generated_tokens,
+            injected_tokens=out.injected_tokens,
+            prefill_seconds=prefilled - start,
+            decode_seconds=time.perf_counter() - prefilled,
+        )

@@ -1,0 +1,315 @@
+"""The one place where a chat request is answered and its outcome recorded.
+
+`ChatService.prepare` checks a parsed request against what the models can take (400s, in the
+event loop, before the request is queued); `ChatService.route` picks the answering path (the
+router's slot); `ChatService.answer` runs on the model worker: it applies `tool_choice` and
+`parallel_tool_calls`, asks the method, falls back to a forced call or a text reply, builds the
+`ServedRequest` and hands it to the traffic sink. Streaming and non-streaming responses are both
+rendered from the `Outcome` it returns, so they cannot disagree.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from hyfunc.formats.calls import Call, to_openai_tool_calls
+from hyfunc.formats.schema import SchemaError, Tool, parse_tool
+from hyfunc.routing.record import ServedRequest, TrafficSink
+from hyfunc.serving.conversation import Conversation, call_key, read_conversation
+from hyfunc.serving.errors import APIError, bad_request
+from hyfunc.serving.library_cache import LibraryCache
+from hyfunc.serving.metrics import ServerMetrics
+from hyfunc.serving.protocol import ChatCompletionRequest
+from hyfunc.serving.replies import CallWriter, write_text
+
+log = logging.getLogger("hyfunc.serving")
+
+REPLY_MARGIN = 32  # tokens of chat-template framing not counted in the transcript
+
+
+@dataclass
+class ServeConfig:
+    served_model: str = "hyfunc"  # the model id clients send and /v1/models lists
+    api_key: str | None = None
+    max_queue: int = 16  # requests waiting for the model worker beyond the one running; then 429
+    max_body_bytes: int = 4 * 1024 * 1024
+    request_timeout: float = 300.0  # seconds from arrival; then 504
+    default_max_tokens: int = 256  # text replies, when the request sets no max_tokens
+    max_tokens_cap: int = 2048
+    max_tools: int = 128
+    context_tokens: int | None = None  # default: the large model's max_position_embeddings
+    library_cache: int = 8  # tool libraries whose state the cascade keeps (0: off)
+    library_cache_bytes: int = 2 * 1024**3
+
+
+@dataclass
+class Prepared:
+    """A checked request, ready for the worker."""
+
+    request: ChatCompletionRequest
+    conversation: Conversation
+    tools: list[Tool]
+    choice: str  # auto | none | required | named
+    named: str | None
+    parallel: bool
+    max_tokens: int
+    request_id: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex}")
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+@dataclass
+class Outcome:
+    request_id: str
+    created: int
+    model: str
+    path: str
+    tool_calls: list[dict]  # OpenAI form, with their call_… ids
+    text: str | None
+    finish_reason: str  # tool_calls | stop | length
+    prompt_tokens: int
+    completion_tokens: int
+    timings: dict[str, float]
+
+
+#: Picks the answering path for a request: a key of the app's methods (e.g. "small", "cascade").
+Router = Callable[[Prepared], str]
+
+
+def path_name(method: Any) -> str:
+    if hasattr(method, "large") and hasattr(method, "small"):
+        return "cascade"
+    if hasattr(method, "backend"):
+        return "direct"
+    return str(getattr(method, "name", "method"))
+
+
+def text_backend(method: Any) -> Any:
+    """The model that writes text replies: the large one."""
+    return method.large if hasattr(method, "large") else method.backend
+
+
+def call_backend(method: Any) -> Any:
+    """The model that writes forced calls: the small one when there is one (it writes calls)."""
+    return method.small if hasattr(method, "small") else method.backend
+
+
+def model_names(method: Any) -> dict[str, str]:
+    if hasattr(method, "large"):
+        return {"method": method.name, "large": method.large.name, "small": method.small.name}
+    return {"method": method.name, "model": text_backend(method).name}
+
+
+class ChatService:
+    def __init__(
+        self,
+        methods: Mapping[str, Any],
+        config: ServeConfig,
+        metrics: ServerMetrics,
+        traffic: TrafficSink | None = None,
+        router: Router | None = None,
+    ):
+        if not methods:
+            raise ValueError("no method to serve")
+        self.methods = dict(methods)
+        self.config, self.metrics, self.traffic, self.router = config, metrics, traffic, router
+        self.library = LibraryCache(config.library_cache, config.library_cache_bytes, metrics)
+        self.calls = CallWriter()
+        first = next(iter(self.methods.values()))
+        backend = text_backend(first)
+        # A copy for counting tokens in the event loop while the worker uses the original: a fast
+        # tokenizer raises "Already borrowed" when one instance is used by two threads at once.
+        self._tokenizer = copy.deepcopy(backend.tokenizer)
+        self.context_tokens = config.context_tokens or int(getattr(backend.model.config, "max_position_embeddings", 4096))
+
+    def model_ids(self) -> list[str]:
+        return [self.config.served_model] + [m.name for m in self.methods.values() if m.name != self.config.served_model]
+
+    def count(self, text: str) -> int:
+        return len(self._tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    # -- before the queue ------------------------------------------------------------------
+    def prepare(self, request: ChatCompletionRequest) -> Prepared:
+        if request.model not in self.model_ids():
+            raise APIError(
+                404, f"The model {request.model!r} does not exist; this server serves {', '.join(self.model_ids())}",
+                param="model", code="model_not_found",
+            )
+        tools = self._tools(request)
+        choice, named = "auto", None
+        if request.tool_choice is not None:
+            if not tools:
+                raise bad_request("tool_choice is only allowed when tools are given", param="tool_choice")
+            if isinstance(request.tool_choice, str):
+                choice = request.tool_choice
+            else:
+                choice, named = "named", request.tool_choice.function.name
+                if named not in {t.name for t in tools}:
+                    raise bad_request(
+                        f"tool_choice names the function {named!r}, which is not among the tools given",
+                        param="tool_choice.function.name",
+                    )
+        wanted = request.max_completion_tokens or request.max_tokens or self.config.default_max_tokens
+        max_tokens = min(wanted, self.config.max_tokens_cap)
+        tool_tokens = sum(self.count(json.dumps(t.to_json_schema(), ensure_ascii=False)) for t in tools)
+        budget = self.context_tokens - tool_tokens - max_tokens - REPLY_MARGIN
+        if budget <= 0:
+            raise APIError(
+                400, f"the tools take {tool_tokens} tokens: with max_tokens {max_tokens} they leave no room for the "
+                f"conversation in the model's context of {self.context_tokens} tokens",
+                param="tools", code="context_length_exceeded",
+            )
+        conversation = read_conversation(request.messages).bounded(budget, self.count)
+        parallel = request.parallel_tool_calls is not False
+        return Prepared(request, conversation, tools, choice, named, parallel, max_tokens)
+
+    def _tools(self, request: ChatCompletionRequest) -> list[Tool]:
+        raw = request.tools or []
+        if len(raw) > self.config.max_tools:
+            raise bad_request(
+                f"{len(raw)} tools given; this server takes at most {self.config.max_tools}", param="tools",
+                code="too_many_tools",
+            )
+        tools: list[Tool] = []
+        seen: dict[str, int] = {}
+        for i, tool in enumerate(raw):
+            try:
+                parsed = parse_tool(tool.model_dump(exclude_none=True))
+            except SchemaError as err:
+                raise bad_request(f"tools[{i}]: {err}", param=f"tools[{i}].function", code="invalid_tool_schema") from None
+            if parsed.name in seen:
+                raise bad_request(
+                    f"tools[{i}]: duplicate function name {parsed.name!r} (also tools[{seen[parsed.name]}])",
+                    param=f"tools[{i}].function.name", code="duplicate_tool_name",
+                )
+            seen[parsed.name] = i
+            tools.append(parsed)
+        return tools
+
+    def route(self, prepared: Prepared) -> str:
+        """The router's slot: without one, the first method answers everything."""
+        if self.router is None:
+            return next(iter(self.methods))
+        path = self.router(prepared)
+        if path not in self.methods:
+            raise RuntimeError(f"the router chose {path!r}; paths: {', '.join(self.methods)}")
+        return path
+
+    # -- on the model worker ---------------------------------------------------------------
+    def answer(
+        self, prepared: Prepared, path: str, on_text: Callable[[str], None] | None = None,
+        should_stop: Callable[[], bool] = lambda: False,
+    ) -> Outcome:
+        method = self.methods[path]
+        conv, tools = prepared.conversation, prepared.tools
+        timings: dict[str, float] = {}
+        calls: list[Call] = []
+        prompt_tokens = completion_tokens = 0
+        notes: list[str] = []
+        if tools and prepared.choice != "none":
+            offered = [t for t in tools if t.name == prepared.named] if prepared.named else tools
+            if not prepared.named:  # a named choice is a one-tool library: not worth caching
+                reused, seconds = self.library.select(method, offered)
+                if seconds:
+                    timings["library_build"] = seconds
+            result = method.answer(conv.method_messages(), offered)
+            timings.update(result.timings)
+            prompt_tokens += result.input_tokens
+            completion_tokens += result.output_tokens + result.injected_tokens
+            self.metrics.cached_tokens.inc(result.cached_tokens)
+            self.metrics.injected_tokens.inc(result.injected_tokens)
+            self.metrics.generation_tokens.inc(result.output_tokens)
+            calls = _offered_only(result.calls, offered, notes)
+            if result.error:
+                notes.append(f"unparsed model output: {result.error}")
+            if prepared.choice == "auto":
+                done = conv.answered_calls()
+                calls = [c for c in calls if call_key(c) not in done]
+            elif not calls:  # required / named: the method declined, the decoder must write a call
+                forced = self.calls.write(call_backend(method), conv.transcript(), offered, single=not prepared.parallel)
+                calls = forced.calls
+                timings["forced_prefill"], timings["forced_decode"] = forced.prefill_seconds, forced.decode_seconds
+                prompt_tokens += forced.input_tokens
+                completion_tokens += forced.generated_tokens + forced.injected_tokens
+                self.metrics.generation_tokens.inc(forced.generated_tokens)
+                self.metrics.injected_tokens.inc(forced.injected_tokens)
+            if not prepared.parallel:
+                calls = calls[:1]
+        text, finish = None, "tool_calls"
+        if calls and prepared.named:
+            finish = "stop"  # what OpenAI returns for a named tool_choice
+        if not calls:
+            reply = write_text(
+                text_backend(method), conv.chat_messages(self._hint(prepared)), prepared.max_tokens, on_text, should_stop
+            )
+            text, finish = reply.text, "length" if reply.truncated else "stop"
+            timings["text_reply"] = reply.seconds
+            prompt_tokens += reply.input_tokens
+            completion_tokens += reply.output_tokens
+            self.metrics.generation_tokens.inc(reply.output_tokens)
+        self.metrics.prompt_tokens.inc(prompt_tokens)
+        self.metrics.observe_stages(timings)
+        outcome = Outcome(
+            prepared.request_id, prepared.created, prepared.request.model, path, to_openai_tool_calls(calls), text,
+            finish, prompt_tokens, completion_tokens, timings,
+        )
+        self._record(prepared, outcome, calls, method, "; ".join(notes) or None)
+        return outcome
+
+    def _hint(self, prepared: Prepared) -> str:
+        if not prepared.tools:
+            return ""
+        if prepared.choice == "none":
+            return "Answer in plain text, without calling any function."
+        if any(t.role == "tool" for t in prepared.conversation.turns[prepared.conversation.current :]):
+            return "Answer the user's request in plain text, using the function results above."
+        names = ", ".join(t.name for t in prepared.tools[:20])
+        return (
+            f"None of the available functions ({names}) fits this request: answer the user directly in plain text, "
+            "without calling any function."
+        )
+
+    def _record(self, prepared: Prepared, outcome: Outcome, calls: list[Call], method: Any, error: str | None) -> None:
+        """Hand the outcome to the traffic log; a failing sink never fails the request."""
+        if self.traffic is None:
+            return
+        try:
+            record = ServedRequest(
+                messages=[m.model_dump(exclude_none=True) for m in prepared.request.messages],
+                tools=[t.to_openai() for t in prepared.tools],
+                calls=[{"name": c.name, "arguments": c.arguments} for c in calls],
+                text=outcome.text or "",
+                path=outcome.path,
+                models=model_names(method),
+                timings=dict(outcome.timings),
+                input_tokens=outcome.prompt_tokens,
+                output_tokens=outcome.completion_tokens,
+                error=error,
+                request_id=outcome.request_id,
+                created=float(outcome.created),
+            )
+            self.traffic.record(record)
+        except Exception:  # noqa: BLE001 - the log is best effort by design
+            self.metrics.traffic_errors.inc()
+            log.exception("traffic sink failed on %s", outcome.request_id)
+
+
+def _offered_only(calls: list[Call], tools: list[Tool], notes: list[str]) -> list[Call]:
+    """Calls to offered tools with offered (top-level) arguments only: a model that names
+    anything else must not reach the client, who may execute what it receives."""
+    by_name = {t.name: t for t in tools}
+    out = []
+    for call in calls:
+        tool = by_name.get(call.name)
+        if tool is None:
+            notes.append(f"dropped a call to {call.name!r}, not offered")
+            continue
+        arguments = {k: v for k, v in call.arguments.items() if k in tool.parameters}
+        if len(arguments) != len(call.arguments):
+            notes.append(f"dropped arguments of {call.name!r} not in its schema: {sorted(set(call.arguments) - set(arguments))}")
+        out.append(Call(call.name, arguments))
+    return out

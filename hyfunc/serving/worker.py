@@ -1,0 +1,116 @@
+"""The model worker: one thread runs the models, fed by a bounded queue.
+
+The models are not thread-safe (a Backend's KV caches, the cascade's library state, the direct
+method's prefix cache), so exactly one request runs at a time and KV caches never interleave.
+Admission is decided at once in the event loop: past `max_queue` waiting requests, `submit`
+raises `QueueFull` (the app answers 429 with Retry-After) instead of letting requests pile up.
+A request whose client left, or whose time limit passed, before it started is dropped unrun;
+once started, its `cancelled` flag lets the parts that can stop early (text replies) stop.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Awaitable, Callable
+
+from hyfunc.serving.metrics import ServerMetrics
+
+
+class QueueFull(Exception):
+    pass
+
+
+class Cancelled(Exception):
+    """The request was given up (client gone, time limit) before or while it ran."""
+
+
+class Job:
+    def __init__(self, deadline: float):
+        self.deadline = deadline  # time.monotonic() after which the work should stop
+        self.cancelled = threading.Event()
+        self.submitted = time.monotonic()
+        self.started: float | None = None
+        self.future: Future = Future()
+
+    def should_stop(self) -> bool:
+        return self.cancelled.is_set() or time.monotonic() > self.deadline
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+        self.future.cancel()  # only succeeds while it still waits in the queue
+
+
+class ModelWorker:
+    def __init__(self, max_queue: int, metrics: ServerMetrics | None = None):
+        self.max_queue = max_queue
+        self.metrics = metrics
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hyfunc-model")
+        self._lock = threading.Lock()
+        self._pending = 0  # queued + running
+        self._running = 0
+
+    @property
+    def waiting(self) -> int:
+        with self._lock:
+            return self._pending - self._running
+
+    def submit(self, fn: Callable[[Job], Any], timeout: float) -> Job:
+        """Queue `fn(job)` on the model thread, or raise QueueFull."""
+        with self._lock:
+            if self._pending >= 1 + self.max_queue:
+                if self.metrics:
+                    self.metrics.rejected.inc()
+                raise QueueFull
+            self._pending += 1
+        job = Job(time.monotonic() + timeout)
+
+        def run() -> Any:
+            if job.should_stop():
+                raise Cancelled("given up before it started")
+            job.started = time.monotonic()
+            with self._lock:
+                self._running += 1
+            self._gauges()
+            if self.metrics:
+                self.metrics.queue_time.observe(job.started - job.submitted)
+            try:
+                return fn(job)
+            finally:
+                with self._lock:
+                    self._running -= 1
+
+        job.future = self._executor.submit(run)
+        job.future.add_done_callback(self._done)
+        self._gauges()
+        return job
+
+    def _done(self, _: Future) -> None:
+        with self._lock:
+            self._pending -= 1
+        self._gauges()
+
+    def _gauges(self) -> None:
+        if self.metrics:
+            with self._lock:
+                self.metrics.waiting.set(self._pending - self._running)
+                self.metrics.running.set(self._running)
+
+    async def wait(self, job: Job, disconnected: Callable[[], Awaitable[bool]], poll: float = 0.25) -> Any:
+        """The job's result; gives it up when the client disconnects or its deadline passes."""
+        waiting = asyncio.wrap_future(job.future)
+        while True:
+            done, _ = await asyncio.wait({waiting}, timeout=poll)
+            if done:
+                return waiting.result()
+            if time.monotonic() > job.deadline:
+                job.cancel()
+                raise TimeoutError
+            if await disconnected():
+                job.cancel()
+                raise Cancelled("client disconnected")
+
+    def shutdown(self) -> None:
+        """Finish what is running and queued (graceful shutdown), then stop the thread."""
+        self._executor.shutdown(wait=True)

@@ -1,0 +1,174 @@
+"""The server's parts in process: stream rendering, conversations, the traffic-log slot, the
+router slot, loading, the tool-library cache (tiny random models; no server process)."""
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from openai.lib.streaming.chat import ChatCompletionStreamState
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+from hyfunc.routing.record import ServedRequest
+from hyfunc.serving import ServeConfig, create_app
+from hyfunc.serving.conversation import read_conversation
+from hyfunc.serving.protocol import ChatCompletionRequest
+from hyfunc.serving.service import Outcome
+from hyfunc.serving.streaming import ChunkWriter, argument_fragments, completion_body
+from tests.serve_app import tiny_cascade
+from tests.test_serve_sdk import ASK, TOOLS
+
+CONFIG = dict(context_tokens=4096, default_max_tokens=4)
+
+
+def _outcome(**kwargs: Any) -> Outcome:
+    base = dict(request_id="chatcmpl-1", created=1, model="hyfunc", path="cascade", tool_calls=[], text=None,
+                finish_reason="tool_calls", prompt_tokens=10, completion_tokens=5, timings={})
+    return Outcome(**{**base, **kwargs})
+
+
+def test_parallel_calls_and_empty_arguments_stream_back_to_the_same_message() -> None:
+    calls = [
+        {"id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Par\\"is", "n": [1, {"k": "}"}]}'}},
+        {"id": "call_b", "type": "function", "function": {"name": "ping", "arguments": "{}"}},
+        {"id": "call_c", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Berlin"}'}},
+    ]
+    outcome = _outcome(tool_calls=calls)
+    writer = ChunkWriter("chatcmpl-1", 1, "hyfunc")
+    state = ChatCompletionStreamState()
+    for chunk in [writer.role(), *writer.calls(calls), writer.finish(outcome), writer.usage(outcome)]:
+        state.handle_chunk(ChatCompletionChunk.model_validate(chunk))
+    assembled = state.current_completion_snapshot
+    expected = ChatCompletion.model_validate(completion_body(outcome))
+    assert [(c.id, c.function.name, c.function.arguments) for c in assembled.choices[0].message.tool_calls] == [
+        (c.id, c.function.name, c.function.arguments) for c in expected.choices[0].message.tool_calls]
+    assert assembled.choices[0].finish_reason == "tool_calls" and assembled.usage == expected.usage
+
+
+@pytest.mark.parametrize("arguments", ["{}", '{"a": "x\\"y", "b": 1.5e3, "c": [true, null]}', '{"é": "ü\\\\"}'])
+def test_argument_fragments_concatenate_back(arguments: str) -> None:
+    assert "".join(argument_fragments(arguments)) == arguments
+
+
+def _conversation(messages: list[dict]) -> Any:
+    return read_conversation(ChatCompletionRequest.model_validate({"model": "m", "messages": messages}).messages)
+
+
+HISTORY = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+    {"role": "tool", "tool_call_id": "c1", "content": "18 C"},
+    {"role": "assistant", "content": "18 C in Paris."},
+    {"role": "user", "content": "And in Berlin?"},
+]
+
+
+def test_the_methods_read_the_whole_conversation() -> None:
+    conv = _conversation(HISTORY)
+    system, user = conv.method_messages()
+    assert system == {"role": "system", "content": "Be brief."}
+    text = user["content"]
+    order = ["User: Weather in Paris?", 'Assistant called get_weather({"city": "Paris"})', "Result of get_weather: 18 C",
+             "Assistant: 18 C in Paris.", "Request: And in Berlin?"]
+    assert [text.index(piece) for piece in order] == sorted(text.index(piece) for piece in order)
+    # a single request passes through unchanged
+    assert _conversation(HISTORY[:2]).method_messages()[1] == {"role": "user", "content": "Weather in Paris?"}
+    chat = conv.chat_messages("hint")
+    assert [m["role"] for m in chat] == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert chat[0]["content"].endswith("hint") and "Result of get_weather: 18 C" in chat[3]["content"]
+
+
+def test_calls_already_answered_are_known_and_old_turns_go_first() -> None:
+    pending = _conversation(HISTORY[:4])  # the call got its result; no new user message yet
+    assert pending.answered_calls() == {'{"arguments": {"city": "Paris"}, "name": "get_weather"}'}
+    assert _conversation(HISTORY).answered_calls() == set()
+    words = lambda text: len(text.split())  # noqa: E731 - a token counter for the test
+    full = _conversation(HISTORY)
+    bounded = full.bounded(words(full.transcript()) - 1, words)
+    assert bounded.dropped >= 1 and bounded.request == "And in Berlin?" and "Weather in Paris" not in bounded.transcript()
+
+
+class Sink:
+    def __init__(self, fail: bool = False):
+        self.records: list[ServedRequest] = []
+        self.fail = fail
+
+    def record(self, request: ServedRequest) -> None:
+        if self.fail:
+            raise OSError("disk full")
+        self.records.append(request)
+
+
+@pytest.fixture(scope="module")
+def cascade() -> Any:
+    return tiny_cascade()
+
+
+def _ask(client: TestClient, **kwargs: Any) -> Any:
+    return client.post("/v1/chat/completions", json={"model": "hyfunc", "messages": ASK, **kwargs})
+
+
+def test_each_answer_is_recorded_once_and_a_failing_log_fails_nothing(cascade: Any) -> None:
+    sink = Sink()
+    client = TestClient(create_app(cascade, ServeConfig(**CONFIG), traffic=sink))
+    calls = _ask(client, tools=TOOLS).json()["choices"][0]["message"]["tool_calls"]
+    _ask(client, stream=True)
+    assert len(sink.records) == 2
+    first, second = sink.records
+    assert first.path == "cascade" and first.tools[0]["function"]["name"] == "get_weather"
+    assert [c["name"] for c in first.calls] == [c["function"]["name"] for c in calls] and first.timings["large_prefill"] > 0
+    assert first.models["large"] == "tiny" and second.calls == [] and second.text
+    broken = TestClient(create_app(cascade, ServeConfig(**CONFIG), traffic=Sink(fail=True)))
+    assert _ask(broken, tools=TOOLS).status_code == 200
+    assert "hyfunc:traffic_sink_errors_total 1.0" in broken.get("/metrics").text
+
+
+def test_the_router_chooses_the_path(cascade: Any) -> None:
+    from hyfunc.methods.direct import DirectMethod
+
+    direct = DirectMethod(cascade.small, max_new_tokens=4)
+    app = create_app({"cascade": cascade, "small": direct}, ServeConfig(**CONFIG),
+                     router=lambda prepared: "small" if len(prepared.tools) == 1 else "cascade")
+    client = TestClient(app)
+    assert _ask(client, tools=TOOLS).headers["x-hyfunc-path"] == "cascade"
+    assert _ask(client, tools=TOOLS[:1]).headers["x-hyfunc-path"] == "small"
+
+
+def test_health_is_503_while_loading(cascade: Any) -> None:
+    release = threading.Event()
+
+    def load() -> Any:
+        release.wait(10)
+        return cascade
+
+    with TestClient(create_app(load, ServeConfig(**CONFIG))) as client:
+        assert client.get("/health").status_code == 503
+        loading = _ask(client)
+        assert loading.status_code == 503 and loading.json()["error"]["code"] == "model_not_ready"
+        release.set()
+        deadline = time.monotonic() + 10
+        while client.get("/health").status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _ask(client).status_code == 200
+
+
+def _metric(client: TestClient, name: str) -> float:
+    return float(next(line.split()[-1] for line in client.get("/metrics").text.splitlines() if line.startswith(name)))
+
+
+def test_same_tools_in_any_key_order_share_the_library_state(cascade: Any) -> None:
+    client = TestClient(create_app(cascade, ServeConfig(**CONFIG, library_cache=1)))
+    shuffled = copy.deepcopy(TOOLS)
+    shuffled[0]["function"] = dict(reversed(list(shuffled[0]["function"].items())))
+    first = _ask(client, tools=TOOLS)
+    again = _ask(client, tools=shuffled)
+    assert "library_build" in first.headers["server-timing"] and "library_build" not in again.headers["server-timing"]
+    assert first.json()["choices"][0]["message"]["tool_calls"][0]["function"] == again.json()["choices"][0]["message"]["tool_calls"][0]["function"]
+    assert (_metric(client, "hyfunc:library_cache_hits_total"), _metric(client, "hyfunc:library_cache_misses_total")) == (1, 1)
+    _ask(client, tools=TOOLS[:2])  # another library evicts the first (one entry)
+    _ask(client, tools=TOOLS)
+    assert _metric(client, "hyfunc:library_cache_misses_total") == 3 and _metric(client, "hyfunc:library_cache_entries") == 1
