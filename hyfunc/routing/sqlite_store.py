@@ -41,11 +41,11 @@ class SQLiteStore(SQLStore):
     placeholder = "?"
     migrations = MIGRATIONS
 
-    def __init__(self, path: Path | str, busy_timeout: float = 30.0, schema_target: int | None = None,
+    def __init__(self, path: Path | str, timeout: float = 30.0, schema_target: int | None = None,
                  lazy: bool = False) -> None:
         self.path = Path(path).expanduser()
         self.url = str(self.path)
-        self._busy_timeout = busy_timeout
+        self._busy_timeout = timeout  # how long a write waits for another process's lock
         self._conn: sqlite3.Connection | None = None
         # One connection per store object, shared by its threads (the writer thread and the
         # caller's); sqlite3 connections are not safe for concurrent use, hence the lock.
