@@ -311,6 +311,10 @@ def main(argv: list[str] | None = None) -> int:
     models.add_argument("--prepare", nargs="+", metavar="NAME")
     models.set_defaults(func=cmd_models)
 
+    from hyfunc.routing.cli import add_odia_parser  # learning from traffic: `hyfunc odia ...`
+
+    add_odia_parser(sub)
+
     args = parser.parse_args(argv)
     try:
         return args.func(args)

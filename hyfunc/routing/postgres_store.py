@@ -62,6 +62,13 @@ class PostgresStore(SQLStore):
             psycopg.conninfo.conninfo_to_dict(url)
         except psycopg.ProgrammingError as e:
             raise StoreError(f"bad PostgreSQL URL {self.url}: {str(e).splitlines()[0]}") from None
+        if not lazy:
+            # One direct attempt first: an unreachable database then fails at once with the
+            # driver's own reason (refused, unknown host, auth), not after the pool's retries.
+            try:
+                psycopg.connect(url, connect_timeout=max(1, int(timeout))).close()
+            except psycopg.Error as e:
+                raise StoreUnavailable(f"PostgreSQL at {self.url} is unreachable: {_reason(e)}") from None
         self._pool = ConnectionPool(
             url, min_size=min_size, max_size=max_size, open=False, timeout=timeout,
             # connect_timeout bounds one attempt; without it an unroutable host blocks for minutes.
@@ -114,3 +121,9 @@ class PostgresStore(SQLStore):
 def _first_line(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
+
+
+def _reason(error: BaseException) -> str:
+    # psycopg's message repeats "connection failed: connection to server at ... failed:"; keep the cause.
+    line = _first_line(error)
+    return line.rsplit("failed: ", 1)[-1] if "failed: " in line else line
