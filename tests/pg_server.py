@@ -110,7 +110,10 @@ class Cluster:
 
 
 def start_cluster(port: int | None = None) -> Cluster:
-    cluster = Cluster(Path(tempfile.mkdtemp(prefix="hyfunc-pg-")), port or free_port(), find_bindir())
+    # As root the server runs as another user, who must be able to reach the directory: /tmp is
+    # world-traversable, a root-owned $TMPDIR (e.g. under /root) may not be.
+    parent = "/tmp" if os.geteuid() == 0 else None
+    cluster = Cluster(Path(tempfile.mkdtemp(prefix="hyfunc-pg-", dir=parent)), port or free_port(), find_bindir())
     try:
         cluster.init()
         cluster.start()
