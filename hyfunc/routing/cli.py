@@ -40,8 +40,10 @@ def add_odia_parser(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument("--out", required=True, help="router directory (router.safetensors + router.json)")
     train.add_argument("--target", type=float, default=0.99,
                        help="agreement with the large path to keep on held-out traffic (default 0.99)")
-    train.add_argument("--holdout", type=float, default=0.3, help="share of labelled traffic held out for the threshold")
-    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--holdout", type=float, default=0.3,
+                       help="the newest share of labelled traffic, held out to choose the threshold")
+    train.add_argument("--with-small-answer", action="store_true",
+                       help="also read the small path's answer (calls, confidence): route after it has run")
     train.set_defaults(func=cmd_train_router)
 
 
@@ -109,7 +111,8 @@ def cmd_train_router(args: argparse.Namespace) -> int:
     def body() -> int:
         with _open_existing(args.store) as store:
             try:
-                router = train_router_from_store(store, target=args.target, holdout=args.holdout, seed=args.seed)
+                router = train_router_from_store(store, target=args.target, holdout=args.holdout,
+                                                 use_small_answer=args.with_small_answer)
             except RouterError as e:
                 raise StoreError(str(e)) from None
         router.save(args.out)
