@@ -94,6 +94,24 @@ def test_refused_regression_and_exact_rollback(traffic, tmp_path: Path) -> None:
         versions.rollback()
 
 
+def test_status_and_rollback_commands(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from hyfunc.cli import main
+
+    versions = Versions(tmp_path / "odia")
+    a = versions.create(lambda d: None, metrics=Metrics(0.99, 0.4, 0.5, None), parents=[])
+    b = versions.create(lambda d: None, metrics=Metrics(0.99, 0.6, 0.3, 0.9), parents=[a])
+    versions.promote(a)
+    versions.promote(b)
+    assert main(["odia", "status", "--dir", str(versions.root)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"{a}  previous") and lines[1].startswith(f"{b}  champion") and "60.0%" in lines[1]
+    assert main(["odia", "rollback", "--dir", str(versions.root)]) == 0
+    assert versions.champion == a and capsys.readouterr().out.strip() == f"champion -> {a}"
+    assert main(["odia", "rollback", "--dir", str(versions.root)]) == 2
+    assert capsys.readouterr().err.startswith("error: nothing to roll back")
+    assert main(["odia", "status", "--dir", str(tmp_path / "none")]) == 2
+
+
 def test_replay_metrics(traffic) -> None:
     store, small, gold = traffic
     held = Query(since=T0 + SPLIT)

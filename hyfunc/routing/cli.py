@@ -46,6 +46,14 @@ def add_odia_parser(subparsers: argparse._SubParsersAction) -> None:
                        help="also read the small path's answer (calls, confidence): route after it has run")
     train.set_defaults(func=cmd_train_router)
 
+    status = sub.add_parser("status", help="versions, the champion and their held-out metrics")
+    status.add_argument("--dir", default=None, help="versions directory (default: $HYFUNC_HOME/odia)")
+    status.set_defaults(func=cmd_status)
+
+    rollback = sub.add_parser("rollback", help="make the previous champion the champion again")
+    rollback.add_argument("--dir", default=None, help="versions directory (default: $HYFUNC_HOME/odia)")
+    rollback.set_defaults(func=cmd_rollback)
+
 
 def _open_existing(url: str | None) -> TrafficStore:
     """Open a store that must already exist: reading or annotating an empty, just-created file
@@ -119,6 +127,47 @@ def cmd_train_router(args: argparse.Namespace) -> int:
         m = router.manifest["calibration"]
         print(f"router -> {args.out}: threshold {router.threshold:.4f}, on held-out traffic "
               f"{m['share']:.1%} to the small path at {m['agreement']:.2%} agreement (target {args.target:.2%})")
+        return 0
+
+    return _run(body)
+
+
+def _versions(directory: str | None):
+    from pathlib import Path
+
+    from hyfunc.models.registry import hyfunc_home
+    from hyfunc.routing.versions import Versions
+
+    path = Path(directory) if directory else hyfunc_home() / "odia"
+    if not path.is_dir():
+        raise StoreError(f"no versions at {path} (no cycle has run yet, or a wrong --dir)")
+    return Versions(path)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    def body() -> int:
+        versions = _versions(args.dir)
+        champion, previous = versions.champion, versions.previous
+        for m in versions.list():
+            mark = "champion" if m["id"] == champion else "previous" if m["id"] == previous else ""
+            x = m["metrics"]
+            accuracy = "-" if x.get("accuracy") is None else f"{x['accuracy']:.2%}"
+            print(f"{m['id']}  {mark:8}  share {x['share']:6.1%}  agreement {x['agreement']:7.2%}  "
+                  f"accuracy {accuracy:>7}  latency {x['mean_latency'] * 1e3:8.1f} ms  {m['note']}")
+        return 0
+
+    return _run(body)
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    from hyfunc.routing.versions import VersionError
+
+    def body() -> int:
+        try:
+            champion = _versions(args.dir).rollback()
+        except VersionError as e:
+            raise StoreError(str(e)) from None
+        print(f"champion -> {champion}")
         return 0
 
     return _run(body)
