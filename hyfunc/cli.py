@@ -349,6 +349,10 @@ def main(argv: list[str] | None = None) -> int:
 
     add_serve_parser(sub)
 
+    from hyfunc.routing.cli import add_odia_parser  # learning from traffic: `hyfunc odia ...`
+
+    add_odia_parser(sub)
+
     args = parser.parse_args(argv)
     try:
         return args.func(args)

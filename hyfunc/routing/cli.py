@@ -1,0 +1,173 @@
+"""`hyfunc odia ...`: the traffic log from the command line (feedback, stats, router training).
+
+Every failure is one line on stderr and a non-zero exit code: 2 for bad input (unknown id, bad
+URL, missing store), 3 when the database cannot be reached.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+import time
+from dataclasses import asdict
+
+from hyfunc.routing.store import (
+    FEEDBACK, StoreError, StoreUnavailable, TrafficStore, open_store, parse_store_url,
+)
+
+STORE_HELP = ("traffic store: a SQLite file path or sqlite:///path, or postgresql://user@host/db "
+              "(default: traffic.sqlite in $HYFUNC_HOME)")
+
+
+def add_odia_parser(subparsers: argparse._SubParsersAction) -> None:
+    odia = subparsers.add_parser("odia", help="learning from traffic: the traffic log, feedback, routing")
+    sub = odia.add_subparsers(dest="odia_command", required=True)
+
+    feedback = sub.add_parser("feedback", help="mark a logged answer good or bad")
+    feedback.add_argument("request_id", help="the id the server returned with the answer")
+    feedback.add_argument("verdict", choices=FEEDBACK)
+    feedback.add_argument("--store", default=None, help=STORE_HELP)
+    feedback.set_defaults(func=cmd_feedback)
+
+    stats = sub.add_parser("stats", help="what the traffic log holds: requests per path and library, feedback")
+    stats.add_argument("--store", default=None, help=STORE_HELP)
+    stats.add_argument("--json", action="store_true", help="machine-readable output")
+    stats.set_defaults(func=cmd_stats)
+
+    train = sub.add_parser("train-router", help="train the router on mined labels (see hyfunc.routing.mining)")
+    train.add_argument("--store", default=None, help=STORE_HELP)
+    train.add_argument("--out", required=True, help="router directory (router.safetensors + router.json)")
+    train.add_argument("--target", type=float, default=0.99,
+                       help="agreement with the large path to keep on held-out traffic (default 0.99)")
+    train.add_argument("--holdout", type=float, default=0.3,
+                       help="the newest share of labelled traffic, held out to choose the threshold")
+    train.add_argument("--with-small-answer", action="store_true",
+                       help="also read the small path's answer (calls, confidence): route after it has run")
+    train.set_defaults(func=cmd_train_router)
+
+    status = sub.add_parser("status", help="versions, the champion and their held-out metrics")
+    status.add_argument("--dir", default=None, help="versions directory (default: $HYFUNC_HOME/odia)")
+    status.set_defaults(func=cmd_status)
+
+    rollback = sub.add_parser("rollback", help="make the previous champion the champion again")
+    rollback.add_argument("--dir", default=None, help="versions directory (default: $HYFUNC_HOME/odia)")
+    rollback.set_defaults(func=cmd_rollback)
+
+
+def _open_existing(url: str | None) -> TrafficStore:
+    """Open a store that must already exist: reading or annotating an empty, just-created file
+    would hide a wrong path."""
+    kind, where = parse_store_url(url)
+    if kind == "sqlite" and not where.exists():  # type: ignore[union-attr]
+        raise StoreError(f"no traffic store at {where} (nothing logged yet, or a wrong --store)")
+    return open_store(url)
+
+
+def _run(body) -> int:
+    try:
+        return body()
+    except StoreUnavailable as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 3
+    except StoreError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def cmd_feedback(args: argparse.Namespace) -> int:
+    def body() -> int:
+        with _open_existing(args.store) as store:
+            store.set_feedback(args.request_id, args.verdict, at=time.time())
+        print(f"{args.request_id}: {args.verdict}")
+        return 0
+
+    return _run(body)
+
+
+def _when(t: float | None) -> str:
+    return "-" if t is None else dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    def body() -> int:
+        with _open_existing(args.store) as store:
+            stats = store.stats()
+            where = store.url
+        if args.json:
+            print(json.dumps({"store": where, **asdict(stats)}, indent=2))
+            return 0
+        print(f"store      {where} (schema v{stats.schema_version})")
+        print(f"requests   {stats.total} ({stats.errors} with an error), {_when(stats.first)} .. {_when(stats.last)}")
+        for path, n in stats.by_path.items():
+            print(f"  path {path:12} {n:8}  {n / max(stats.total, 1):6.1%}")
+        print(f"libraries  {len(stats.by_library)}")
+        for lib in stats.by_library[:10]:
+            print(f"  {lib['fingerprint'][:12]}  {lib['n_tools']:5} tools  {lib['requests']:8} requests")
+        if len(stats.by_library) > 10:
+            print(f"  ... {len(stats.by_library) - 10} more")
+        print("feedback   " + ", ".join(f"{k} {stats.feedback.get(k, 0)}" for k in ("good", "bad", "none")))
+        print(f"mined      {stats.labelled} labelled, {stats.simple} simple")
+        return 0
+
+    return _run(body)
+
+
+def cmd_train_router(args: argparse.Namespace) -> int:
+    from hyfunc.routing.router import RouterError, train_router_from_store
+
+    def body() -> int:
+        with _open_existing(args.store) as store:
+            try:
+                router = train_router_from_store(store, target=args.target, holdout=args.holdout,
+                                                 use_small_answer=args.with_small_answer)
+            except RouterError as e:
+                raise StoreError(str(e)) from None
+        router.save(args.out)
+        m = router.manifest["calibration"]
+        print(f"router -> {args.out}: threshold {router.threshold:.4f}, on held-out traffic "
+              f"{m['share']:.1%} to the small path at {m['agreement']:.2%} agreement (target {args.target:.2%})")
+        return 0
+
+    return _run(body)
+
+
+def _versions(directory: str | None):
+    from pathlib import Path
+
+    from hyfunc.models.registry import hyfunc_home
+    from hyfunc.routing.versions import Versions
+
+    path = Path(directory) if directory else hyfunc_home() / "odia"
+    if not path.is_dir():
+        raise StoreError(f"no versions at {path} (no cycle has run yet, or a wrong --dir)")
+    return Versions(path)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    def body() -> int:
+        versions = _versions(args.dir)
+        champion, previous = versions.champion, versions.previous
+        for m in versions.list():
+            mark = "champion" if m["id"] == champion else "previous" if m["id"] == previous else ""
+            x = m["metrics"]
+            accuracy = "-" if x.get("accuracy") is None else f"{x['accuracy']:.2%}"
+            print(f"{m['id']}  {mark:8}  share {x['share']:6.1%}  agreement {x['agreement']:7.2%}  "
+                  f"accuracy {accuracy:>7}  latency {x['mean_latency'] * 1e3:8.1f} ms  {m['note']}")
+        return 0
+
+    return _run(body)
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    from hyfunc.routing.versions import VersionError
+
+    def body() -> int:
+        try:
+            champion = _versions(args.dir).rollback()
+        except VersionError as e:
+            raise StoreError(str(e)) from None
+        print(f"champion -> {champion}")
+        return 0
+
+    return _run(body)

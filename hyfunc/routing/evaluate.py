@@ -1,0 +1,52 @@
+"""Replay held-out logged traffic through a routed system, for the gate: how much goes to the
+small path, how often the answer equals the large path's, and what latency that implies.
+
+Latency is replayed, not re-measured: a request routed to the small path costs the router plus
+the small path's measured time; one left to the large path costs the router plus what the log
+says the large path took (its per-stage timings), since that is what serving it costs today.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Mapping, Sequence
+
+from hyfunc.formats.calls import Call, same_calls
+from hyfunc.routing.mining import SmallPath
+from hyfunc.routing.store import LARGE_PATHS, Query, TrafficStore
+from hyfunc.routing.versions import Metrics
+
+RouteFn = Callable[[list[dict], list[dict]], str]  # (messages, tools) -> "small" | "large"
+
+
+def _calls(calls: Sequence[Mapping]) -> list[Call]:
+    return [Call(c["name"], dict(c.get("arguments") or {})) for c in calls]
+
+
+def replay(store: TrafficStore, route: RouteFn, small_path: SmallPath, query: Query,
+           gold: Mapping[str, list[dict]] | None = None) -> Metrics:
+    """`gold`: request id -> correct calls for a labelled holdout (accuracy is reported only then)."""
+    n = agree = small = correct = scored = 0
+    latency = 0.0
+    selection = Query(query.since, query.until, LARGE_PATHS if query.paths is None else query.paths,
+                      query.library, True, False, query.limit)
+    for stored in store.iter_requests(selection):
+        req = stored.request
+        messages, tools = [dict(m) for m in req.messages], [dict(t) for t in req.tools]
+        started = time.perf_counter()
+        decision = route(messages, tools)
+        if decision == "small":
+            answer = small_path(messages, tools).calls
+            latency += time.perf_counter() - started
+            small += 1
+        else:
+            answer = req.calls
+            latency += time.perf_counter() - started + sum(req.timings.values())
+        n += 1
+        agree += same_calls(_calls(answer), _calls(req.calls))
+        if gold is not None and req.request_id in gold:
+            scored += 1
+            correct += same_calls(_calls(answer), _calls(gold[req.request_id]))
+    if n == 0:
+        raise ValueError("no held-out large-path traffic to evaluate on")
+    return Metrics(agreement=agree / n, share=small / n, mean_latency=latency / n,
+                   accuracy=correct / scored if scored else None)

@@ -1,0 +1,133 @@
+"""Mining: label logged requests *simple* when the small path reproduces the large path's answer.
+
+For each request the large path answered (cascade / large / direct, without error), the small
+path is run on the same conversation and tools; the request is simple when both produced the same
+calls by `hyfunc.formats.calls.same_calls`, the comparison the evaluation uses (both refusing
+counts as agreement: the small path would have served that request just as well). The label and
+the routing features (features.py) are saved in the store, next to the request. The large path's
+answer is the teacher: gold labels are never needed, and never used.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Protocol, Sequence
+
+import numpy as np
+
+from hyfunc.formats.calls import Call, same_calls
+from hyfunc.routing.features import request_text, scalar_features
+from hyfunc.routing.store import LARGE_PATHS, Label, Query, StoredRequest, TrafficStore
+
+
+@dataclass
+class SmallOutput:
+    """What the small path answered: calls as [{"name", "arguments"}] ([] = no call), and its own
+    confidence in [0, 1] when it reports one (e.g. its lowest value-token probability)."""
+
+    calls: list[dict]
+    confidence: float | None = None
+
+
+SmallPath = Callable[[list[dict], list[dict]], SmallOutput]  # (messages, OpenAI tools) -> answer
+
+
+class Embedder(Protocol):
+    name: str
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray: ...
+
+
+def method_small_path(method: Any) -> SmallPath:
+    """Adapt a hyfunc `Method` (e.g. the small model with templating) into a SmallPath. Its
+    confidence is read from `answer.details["confidence"]` when the method reports one."""
+    from hyfunc.formats.schema import parse_tools
+
+    def run(messages: list[dict], tools: list[dict]) -> SmallOutput:
+        answer = method.answer(messages, parse_tools(tools))
+        confidence = answer.details.get("confidence") if isinstance(answer.details, Mapping) else None
+        return SmallOutput([{"name": c.name, "arguments": c.arguments} for c in answer.calls],
+                           None if confidence is None else float(confidence))
+
+    return run
+
+
+def _calls(calls: Sequence[Mapping[str, Any]]) -> list[Call]:
+    return [Call(c["name"], dict(c.get("arguments") or {})) for c in calls]
+
+
+@dataclass
+class MiningReport:
+    examined: int = 0  # large-path requests considered
+    labelled: int = 0
+    simple: int = 0
+    small_failures: int = 0  # the small path raised: labelled not simple (it could not serve it)
+    seconds: float = 0.0
+    failures: list[str] = field(default_factory=list)  # first few small-path errors, for the user
+
+    @property
+    def simple_share(self) -> float:
+        return self.simple / self.labelled if self.labelled else 0.0
+
+
+def label_request(stored: StoredRequest, small: SmallOutput | None, small_path_name: str,
+                  error: str | None = None) -> Label:
+    """The label of one request given the small path's output (None when it raised)."""
+    req = stored.request
+    small_calls = [] if small is None else [{"name": c["name"], "arguments": dict(c.get("arguments") or {})}
+                                            for c in small.calls]
+    simple = small is not None and same_calls(_calls(small_calls), _calls(req.calls))
+    features = scalar_features(req.messages, req.tools, small_calls if small is not None else None,
+                               None if small is None else small.confidence)
+    features["large_calls"] = float(len(req.calls))  # for analysis; unknown at routing time
+    if error is not None:
+        features["small_error"] = 1.0
+    return Label(request_id=req.request_id, simple=simple, small_calls=small_calls, features=features,
+                 small_path=small_path_name, labelled=time.time())
+
+
+def mine(store: TrafficStore, small_path: SmallPath, *, small_path_name: str,
+         embedder: Embedder | None = None, query: Query = Query(), relabel: bool = False,
+         batch_size: int = 64, large_paths: Sequence[str] = LARGE_PATHS) -> MiningReport:
+    """Label the large path's logged requests matching `query` (those not labelled yet, unless
+    `relabel`: after the small model changed, every label must be recomputed). Labels are
+    saved per batch, so an interrupted run keeps its work and a rerun continues."""
+    started = time.perf_counter()
+    report = MiningReport()
+    selection = Query(query.since, query.until, tuple(large_paths) if query.paths is None else query.paths,
+                      query.library, True, not relabel, query.limit)
+    batch: list[StoredRequest] = []
+
+    def flush() -> None:
+        labels: list[Label] = []
+        for stored in batch:
+            req = stored.request
+            try:
+                small = small_path([dict(m) for m in req.messages], [dict(t) for t in req.tools])
+                labels.append(label_request(stored, small, small_path_name))
+            except Exception as e:  # a small path that crashes cannot serve the request: not simple
+                report.small_failures += 1
+                if len(report.failures) < 5:
+                    report.failures.append(f"{req.request_id}: {type(e).__name__}: {e}")
+                labels.append(label_request(stored, None, small_path_name, error=str(e)))
+        if embedder is not None and labels:
+            vectors = embedder.embed([request_text(s.request.messages) for s in batch])
+            for label, vector in zip(labels, vectors):
+                label.embedding = [float(x) for x in vector]
+                label.embedder = embedder.name
+        store.save_labels(labels)
+        report.labelled += len(labels)
+        report.simple += sum(l.simple for l in labels)
+        batch.clear()
+
+    # Saving labels while paging through an `unlabelled_only` query is safe: pages are keyed on
+    # (created, request_id), not offsets, so labelled rows behind the cursor shift nothing.
+    for stored in store.iter_requests(selection):
+        report.examined += 1
+        batch.append(stored)
+        if len(batch) >= batch_size:
+            flush()
+    if batch:
+        flush()
+    report.seconds = time.perf_counter() - started
+    return report

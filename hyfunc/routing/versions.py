@@ -1,0 +1,158 @@
+"""Versions of what a cycle produces (router, later the distilled small model), and the gate that
+decides whether a candidate replaces the champion.
+
+- A version is an immutable directory `versions/<id>/` with a `manifest.json` (parents, data
+  window, metrics, created). It is built in a temporary directory and renamed into place, so a
+  reader never sees a half-written version and a crash leaves only a stray temporary directory.
+- Aliases live in `aliases.json`: `champion` and the stack of earlier champions. Promotion and
+  rollback rewrite that one file atomically (write + rename), so a server polling it switches
+  from one complete version to another, never to something in between.
+- The gate refuses a candidate whose agreement with the large path or accuracy drops by more than
+  a tolerance, or whose latency grows; it says why.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+
+class VersionError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """A version measured on held-out traffic."""
+
+    agreement: float  # share of requests answered as the large path answered them
+    share: float  # share of requests served by the small path
+    mean_latency: float  # seconds per request, routed system
+    accuracy: float | None = None  # against a labelled holdout (feedback, gold), when there is one
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    agreement_tolerance: float = 0.005  # may drop by at most this much (absolute)
+    accuracy_tolerance: float = 0.01
+    latency_tolerance: float = 0.0  # relative growth allowed: 0 = must not get slower
+
+
+@dataclass
+class Verdict:
+    promote: bool
+    reasons: list[str] = field(default_factory=list)
+
+
+def gate(champion: Metrics | None, candidate: Metrics, config: GateConfig = GateConfig()) -> Verdict:
+    """Promote unless the candidate regresses beyond the tolerances (a first version always passes)."""
+    if champion is None:
+        return Verdict(True, ["no champion yet"])
+    reasons: list[str] = []
+    if candidate.agreement < champion.agreement - config.agreement_tolerance:
+        reasons.append(f"agreement with the large path {candidate.agreement:.2%} < champion's "
+                       f"{champion.agreement:.2%} - {config.agreement_tolerance:.2%}")
+    if champion.accuracy is not None:
+        if candidate.accuracy is None:
+            reasons.append("candidate was not scored on the labelled holdout")
+        elif candidate.accuracy < champion.accuracy - config.accuracy_tolerance:
+            reasons.append(f"accuracy {candidate.accuracy:.2%} < champion's {champion.accuracy:.2%} - "
+                           f"{config.accuracy_tolerance:.2%}")
+    if candidate.mean_latency > champion.mean_latency * (1 + config.latency_tolerance):
+        reasons.append(f"mean latency {candidate.mean_latency * 1e3:.1f} ms > champion's "
+                       f"{champion.mean_latency * 1e3:.1f} ms")
+    return Verdict(not reasons, reasons or ["no regression"])
+
+
+class Versions:
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+        (self.root / "versions").mkdir(parents=True, exist_ok=True)
+
+    # -- versions ----------------------------------------------------------------------------
+    def create(self, build: Callable[[Path], None], *, metrics: Metrics, parents: list[str],
+               window: dict | None = None, note: str = "") -> str:
+        """Build a version with `build(directory)` and freeze it; returns its id."""
+        vid = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + uuid.uuid4().hex[:8]
+        tmp = Path(tempfile.mkdtemp(prefix=f".{vid}-", dir=self.root / "versions"))
+        try:
+            build(tmp)
+            manifest = {"id": vid, "created": time.time(), "parents": parents, "window": window or {},
+                        "metrics": asdict(metrics), "note": note}
+            (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
+            os.replace(tmp, self.root / "versions" / vid)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return vid
+
+    def path(self, vid: str) -> Path:
+        p = self.root / "versions" / vid
+        if not (p / "manifest.json").is_file():
+            raise VersionError(f"no version {vid!r} under {self.root}")
+        return p
+
+    def manifest(self, vid: str) -> dict:
+        return json.loads((self.path(vid) / "manifest.json").read_text())
+
+    def metrics(self, vid: str) -> Metrics:
+        return Metrics(**self.manifest(vid)["metrics"])
+
+    def list(self) -> list[dict]:
+        found = [json.loads(p.read_text()) for p in (self.root / "versions").glob("*/manifest.json")]
+        return sorted(found, key=lambda m: m["created"])
+
+    # -- aliases -----------------------------------------------------------------------------
+    def _aliases(self) -> dict:
+        f = self.root / "aliases.json"
+        return json.loads(f.read_text()) if f.is_file() else {"champion": None, "history": []}
+
+    def _write_aliases(self, aliases: dict) -> None:
+        tmp = self.root / f".aliases-{uuid.uuid4().hex}.json"
+        tmp.write_text(json.dumps(aliases, indent=2))
+        os.replace(tmp, self.root / "aliases.json")
+
+    @property
+    def champion(self) -> str | None:
+        return self._aliases()["champion"]
+
+    @property
+    def previous(self) -> str | None:
+        history = self._aliases()["history"]
+        return history[-1] if history else None
+
+    def promote(self, vid: str) -> None:
+        self.path(vid)  # must exist
+        aliases = self._aliases()
+        if aliases["champion"] == vid:
+            return
+        if aliases["champion"] is not None:
+            aliases["history"].append(aliases["champion"])
+        aliases["champion"] = vid
+        self._write_aliases(aliases)
+
+    def rollback(self) -> str:
+        """Make the previous champion the champion again; returns it."""
+        aliases = self._aliases()
+        if not aliases["history"]:
+            raise VersionError("nothing to roll back to: no earlier champion")
+        aliases["champion"] = aliases["history"].pop()
+        self._write_aliases(aliases)
+        return aliases["champion"]
+
+    def consider(self, build: Callable[[Path], None], metrics: Metrics, config: GateConfig = GateConfig(),
+                 window: dict | None = None) -> tuple[str, Verdict]:
+        """Freeze a candidate (kept either way, for the record) and promote it if the gate passes."""
+        champion = self.champion
+        verdict = gate(None if champion is None else self.metrics(champion), metrics, config)
+        vid = self.create(build, metrics=metrics, parents=[champion] if champion else [], window=window,
+                          note="; ".join(verdict.reasons))
+        if verdict.promote:
+            self.promote(vid)
+        return vid, verdict
