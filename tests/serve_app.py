@@ -26,10 +26,7 @@ SMALL_HIDDEN, LARGE_HIDDEN = 32, 48
 
 
 def tiny_cascade(refuse: bool = False) -> Any:
-    try:
-        from hyfunc.methods.cascade import HyFuncMethod  # after the methods refactor
-    except ImportError:
-        from hyfunc.cascade.pipeline import HyFuncMethod
+    from hyfunc.methods.cascade import HyFuncMethod
     from hyfunc.cascade.retriever import Retriever, RetrieverConfig
     from hyfunc.cascade.small_model import SoftTokenProjector
 

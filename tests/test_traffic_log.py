@@ -10,7 +10,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 
 from hyfunc.routing.record import ServedRequest
 from hyfunc.routing.store import open_store
