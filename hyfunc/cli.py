@@ -13,7 +13,7 @@ from hyfunc.formats.schema import SchemaError, parse_tools
 from hyfunc.methods import METHODS
 from hyfunc.methods.base import Answer
 from hyfunc.methods.direct import PROMPT_STYLES
-from hyfunc.models.engines import DEFAULT_ENGINE, ENGINES
+from hyfunc.models.engines import DEFAULT_ENGINE, ENGINES, check_engine
 from hyfunc.models.registry import DEFAULT_LARGE, DEFAULT_MODELS, DEFAULT_SMALL, ModelNotAvailable
 
 
@@ -148,15 +148,15 @@ def _side_by_side_methods(args: argparse.Namespace) -> dict:
             raise ValueError("--with-cascade needs --method hyfunc")
         from hyfunc.methods.cascade import DEFAULT_ARTIFACT, HyFuncMethod
 
-        artifact, _, engine = spec.partition("@")
-        engine = engine or args.engine
+        artifact, _, engines = spec.partition("@")
+        large_engine, _, small_engine = (engines or args.engine).partition(",")
         other = HyFuncMethod.load(
             DEFAULT_ARTIFACT if artifact == "shipped" else artifact, device=args.device, large=main.large,
-            large_engine=engine, small_engine=engine,
+            large_engine=check_engine(large_engine), small_engine=check_engine(small_engine or large_engine),
         )
         if other.large is main.large:
             main.share_large_pass(other)  # the same large model reads the same prompt: one pass per case
-        label = other.name + (f"@{engine}" if "@" in spec else "")
+        label = other.name + (f"@{engines}" if engines else "")
         if label in methods:
             label += "-2"
         methods[label] = other
@@ -277,8 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     bfcl.add_argument(
         "--with-cascade", nargs="+", default=[], metavar="ARTIFACT",
-        help="also answer every case with these prepared cascades (ARTIFACT or ARTIFACT@ENGINE; 'shipped' = "
-        "the shipped one), side by side",
+        help="also answer every case with these prepared cascades, side by side: ARTIFACT, ARTIFACT@ENGINE or "
+        "ARTIFACT@LARGE_ENGINE,SMALL_ENGINE ('shipped' = the shipped one)",
     )
     bfcl.add_argument(
         "--ablations", nargs="+", default=[], choices=["soft_token", "retriever", "templating"],

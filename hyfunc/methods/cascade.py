@@ -142,7 +142,7 @@ class HyFuncMethod:
         if not manifest_path.is_file():
             raise FileNotFoundError(f"{directory}: no {MANIFEST}; not a prepared cascade (run `hyfunc prepare`)")
         manifest = json.loads(manifest_path.read_text())
-        if large is None or large.name != manifest["large_model"]:
+        if large is None or large.name != manifest["large_model"] or large.engine != large_engine:
             large = load_backend(manifest["large_model"], large_engine, device=device)
         adapter = directory / "adapter" if (directory / "adapter").is_dir() else None
         small = load_backend(manifest["small_model"], small_engine, device=device, adapter=adapter)
