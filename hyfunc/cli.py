@@ -49,7 +49,8 @@ def _build_method(args: argparse.Namespace):
         args.method, model=args.model, style=args.style, device=args.device, prefix_caching=args.prefix_caching,
         artifact=args.artifact, ablate=tuple(args.ablate), engine=args.engine, small_engine=args.small_engine,
     )
-    print(f"loaded {method.name} in {time.perf_counter() - start:.1f}s", file=sys.stderr)
+    models = [m for m in (getattr(method, "large", None), getattr(method, "small", None), getattr(method, "backend", None)) if m]
+    print(f"loaded {method.name} in {time.perf_counter() - start:.1f}s: " + "; ".join(m.description for m in models), file=sys.stderr)
     return method
 
 

@@ -119,7 +119,7 @@ def test_templating_on_llamacpp_is_schema_valid(llama):
     prompt = llama.encode(llama.chat_prompt([{"role": "user", "content": "Weather in Paris for 3 days, in celsius?"}]))
     out = TemplateDecoder(llama).decode(llama.forward(ids=prompt), TOOLS, require_call=True, draft_source="Weather in Paris for 3 days, in celsius?")
     assert out.calls and all(c.name == "get_weather" for c in out.calls)
-    assert all(not argument_errors(c, TOOLS[0]) for c in out.calls)
+    assert all(not argument_errors(c, TOOLS) for c in out.calls)
     assert json.loads(out.text) == [{"name": c.name, "arguments": c.arguments} for c in out.calls]
 
 
@@ -134,14 +134,18 @@ def test_lora_adapter_as_gguf_equals_the_merged_model(tmp_path, torch_fp32, ids)
     peft_model = get_peft_model(base.model, config)
     for name, param in peft_model.named_parameters():
         if "lora_" in name:
-            param.data.normal_(0, 0.02)
+            param.data.normal_(0, 0.05)
     peft_model.save_pretrained(tmp_path / "adapter")
     merged = peft_model.merge_and_unload().eval()
     ref = Backend(MODEL, model=merged, tokenizer=base.tokenizer).forward(ids=ids, logits_to_keep=4).tail_logits
     before = torch_fp32.forward(ids=ids, logits_to_keep=4).tail_logits
-    gguf = convert_adapter(tmp_path / "adapter", LlamaCppBackend(MODEL, n_ctx=512, n_seq=2).gguf_path, tmp_path / "adapter.gguf")
+    base_llama = LlamaCppBackend(MODEL, n_ctx=512, n_seq=2)
+    gguf = convert_adapter(tmp_path / "adapter", base_llama.gguf_path, tmp_path / "adapter.gguf")
+    plain = base_llama.forward(ids=ids, logits_to_keep=4).tail_logits
     adapted = LlamaCppBackend(MODEL, n_ctx=512, n_seq=2, lora=gguf).forward(ids=ids, logits_to_keep=4).tail_logits
-    # The adapter moves the logits, and llama.cpp's adapted logits follow the merged model's.
-    assert _cos(before, ref).min() < 0.999
-    assert (adapted - ref).norm() < 0.25 * (before - ref).norm()
-    assert _cos(adapted, ref).min() > 0.99
+    # The two engines differ by rounding noise; the adapter's effect on the logits must be the same
+    # change on both: llama.cpp applying the GGUF adapter vs transformers running the merged weights.
+    effect_llama, effect_torch = (adapted - plain).flatten(), (ref - before).flatten()
+    assert effect_torch.norm() > 2 * (plain - before).norm()  # an effect well above the engines' noise
+    assert _cos(effect_llama, effect_torch) > 0.95
+    assert abs(effect_llama.norm() / effect_torch.norm() - 1) < 0.25  # alpha / r applied: 0.85 measured; 0.5 if not

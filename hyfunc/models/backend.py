@@ -94,6 +94,10 @@ class Backend(BackendBase):
     def hidden_size(self) -> int:
         return self.model.config.hidden_size
 
+    @property
+    def description(self) -> str:
+        return f"{self.name} on transformers {str(self.model.dtype).removeprefix('torch.')} ({self.device.type}, {torch.get_num_threads()} threads)"
+
     def embed(self, ids: Sequence[int]) -> torch.Tensor:
         """Input embeddings (len, hidden) of token ids: the space a soft token is inserted into."""
         table = self.model.get_input_embeddings()

@@ -127,7 +127,7 @@ class LlamaCppBackend(BackendBase):
         ctx_params.n_seq_max = n_seq
         ctx_params.kv_unified = True  # forks share the prefix's cells
         threads = threads or int(os.environ.get("HYFUNC_THREADS", 0)) or os.cpu_count() or 1
-        ctx_params.n_threads = ctx_params.n_threads_batch = threads
+        ctx_params.n_threads = ctx_params.n_threads_batch = self._threads = threads
         ctx_params.pooling_type = lib.LLAMA_POOLING_TYPE_NONE
         ctx_params.embeddings = False  # switched on for passes that return hidden states
         self._ctx = lib.llama_init_from_model(self._model, ctx_params)
@@ -168,6 +168,11 @@ class LlamaCppBackend(BackendBase):
     @property
     def hidden_size(self) -> int:
         return self._n_embd
+
+    @property
+    def description(self) -> str:
+        lora = ", LoRA adapter" if self._adapter else ""
+        return f"{self.name} on llama.cpp {self.gguf_path.name}{lora} ({self._threads} threads)"
 
     def _config_eos(self) -> Any:
         vocab = self._lib.llama_model_get_vocab(self._model)
