@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import re
 import shutil
 import time
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from hyfunc.config import hyfunc_home
+from hyfunc.errors import SetupError
 
 
 @dataclass(frozen=True)
@@ -77,8 +79,8 @@ DEFAULT_LARGE = "qwen-coder-1.5b"
 DEFAULT_SMALL = "smollm2-135m"
 
 
-class ModelNotAvailable(RuntimeError):
-    pass
+class ModelNotAvailable(SetupError):
+    """A model that cannot be found or assembled here; the message says which and how to get it."""
 
 
 def _package_dir(module: str, spec: DefaultModel) -> Path:
@@ -176,4 +178,21 @@ def resolve_model(name: str) -> str:
         if not (path / "config.json").is_file():
             raise ModelNotAvailable(f"'{name}' is a path but holds no config.json (not a saved Hugging Face model)")
         return str(path)
+    if not looks_like_hub_id(name):
+        raise ModelNotAvailable(f"unknown model {name!r}: {MODEL_NAME_HELP}")
     return name  # a Hugging Face model id
+
+
+#: What a model name may be, for error messages.
+MODEL_NAME_HELP = (
+    f"not a default alias ({', '.join(DEFAULT_MODELS)}), an existing directory or .gguf file, "
+    "or a Hugging Face id (owner/name)"
+)
+
+
+def looks_like_hub_id(name: str) -> bool:
+    """`owner/name` as the hub spells ids. A name that reads as a path (./x, ../x, /x, ~/x, x.gguf)
+    is a missing file, not an id: saying so beats a network error about a repository."""
+    if name.startswith((".", "/", "~")) or name.endswith(".gguf"):
+        return False
+    return re.fullmatch(r"[\w.-]+/[\w.-]+", name) is not None
