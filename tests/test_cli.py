@@ -166,3 +166,8 @@ def test_bugs_are_not_mistaken_for_user_errors():
     # missing file named on the command line) is turned into one line.
     assert not issubclass(ValueError, USER_ERRORS) and not issubclass(KeyError, USER_ERRORS)
     assert not issubclass(RuntimeError, USER_ERRORS)
+
+
+def test_prepare_on_the_three_line_example_says_it_is_too_little(tmp_path, capsys):
+    code, err = run(capsys, "prepare", "--data", str(EXAMPLES / "train.jsonl"), "--out", str(tmp_path / "a"))
+    assert code == 2 and "too little data: 3 training and 0 validation examples" in err
