@@ -87,7 +87,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     tools = parse_tools(demo["tools"])
     method = _build_method(args)
     if args.prefix_caching and hasattr(method, "use_library"):
-        method.use_library(tools)  # the cascade's large model reads the fixed library once
+        with steps("reading the tool library", total=1) as progress:
+            progress.next(f"{len(tools)} tools")
+            method.use_library(tools)  # the cascade's large model reads the fixed library once
     print(f"{len(tools)} tools: {', '.join(t.name for t in tools)}")
     for query in demo["requests"]:
         _print_answer(query, method.answer([{"role": "user", "content": query}], tools))

@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 
 from hyfunc.config import hyfunc_home
 from hyfunc.errors import SetupError
+from hyfunc.progress import steps
 
 
 @dataclass(frozen=True)
@@ -147,8 +148,10 @@ def _materialize_default(spec: DefaultModel) -> Path:
     _assemble_gguf(spec, gguf)
     assembled = time.perf_counter()
     try:
-        print(f"converting {spec.alias} to safetensors (once) ...", flush=True)
-        convert_gguf(gguf, out_dir)
+        # Dequantizing and saving take minutes with no unit of work to count: a ticking bar.
+        with steps(f"converting {spec.alias} to safetensors (once)", total=1) as progress:
+            progress.next("dequantize and save")
+            convert_gguf(gguf, out_dir)
     finally:
         gguf.unlink(missing_ok=True)
     record = {
