@@ -8,7 +8,9 @@ import time
 from importlib import resources
 from pathlib import Path
 
-from hyfunc.cli_checks import CALL_FORMATS, check_bfcl_inputs, check_method_options, format_answer, one_line
+from hyfunc.cli_checks import (
+    CALL_FORMATS, check_bfcl_inputs, check_loadable, check_method_options, format_answer, one_line,
+)
 from hyfunc.errors import InputError, UserError
 from hyfunc.formats.bfcl import ALIASES, CATEGORIES, EXTRA_CATEGORIES
 from hyfunc.formats.calls import render_python_calls
@@ -178,6 +180,7 @@ def cmd_bench_library(args: argparse.Namespace) -> int:
     from hyfunc.eval.library import library_examples, run_library_benchmark, write_library_report
     from hyfunc.methods import load_method
 
+    check_loadable([args.model] if args.model else [], [args.artifact] if args.artifact else [], args.device)
     examples, tools = library_examples(args.data, args.requests, args.seed)
     with steps("loading models", total=2) as progress:
         progress.next("the cascade")
@@ -197,6 +200,7 @@ def cmd_bench_retriever(args: argparse.Namespace) -> int:
     from hyfunc.cascade.library import load_library
     from hyfunc.eval.retrieval import library_requests, run_retrieval_benchmark, write_retrieval_report
 
+    check_loadable([], [args.artifact] if args.artifact else [], args.device)
     library = load_library(args.library)
     requests = library_requests(args.data, library, args.limit)
     if not requests:

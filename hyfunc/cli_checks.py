@@ -16,6 +16,11 @@ from hyfunc.errors import InputError
 from hyfunc.formats.bfcl import canonical_category
 from hyfunc.formats.calls import render_python_calls, to_bfcl_output, to_openai_tool_calls
 from hyfunc.methods.base import Answer
+from hyfunc.models.registry import DEFAULT_LARGE, check_model_name
+
+#: The file that makes a directory a prepared cascade (hyfunc.methods.cascade.MANIFEST; not imported
+#: from there, which would load the cascade's stack to check a path).
+MANIFEST = "manifest.json"
 
 CALL_FORMATS = ("json", "openai", "python")
 
@@ -32,14 +37,32 @@ _METHOD_ONLY = {
 
 
 def check_method_options(args: argparse.Namespace) -> None:
-    """Refuse an option the chosen method would silently ignore, and a device that does not exist."""
+    """Refuse an option the chosen method would silently ignore; then `check_loadable` on what
+    the command will load."""
     for attr, (flag, method, why) in _METHOD_ONLY.items():
         if getattr(args, attr, None) and args.method != method:
             raise InputError(f"{flag} applies to --method {method} only ({why}); drop it or use --method {method}")
-    if getattr(args, "device", None) is not None:
+    models = [args.model or DEFAULT_LARGE] if args.method == "direct" else []
+    artifacts = [args.artifact] if args.method == "hyfunc" and args.artifact else []
+    check_loadable(
+        models + list(getattr(args, "with_direct", None) or []),
+        artifacts + list(getattr(args, "with_cascade", None) or []),
+        getattr(args, "device", None),
+    )
+
+
+def check_loadable(models: Sequence[str], artifacts: Sequence[str], device: str | None) -> None:
+    """By name and path only (nothing loads): the model names resolve, the artifacts are prepared
+    cascades, the device exists."""
+    if device is not None:
         from hyfunc.models.backend import resolve_device
 
-        resolve_device(args.device)
+        resolve_device(device)
+    for name in models:
+        check_model_name(name)
+    for artifact in artifacts:
+        if not (Path(artifact) / MANIFEST).is_file():
+            raise InputError(f"{artifact}: no {MANIFEST}; not a prepared cascade (run `hyfunc prepare`)")
 
 
 def check_bfcl_inputs(categories: Sequence[str], data_dir: str | None) -> list[str]:

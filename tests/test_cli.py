@@ -19,9 +19,8 @@ def run(capsys, *argv: str) -> tuple[int, str]:
     """(exit status, stderr) of `hyfunc argv`; the error must be exactly one line."""
     code = main(list(argv))
     err = capsys.readouterr().err
-    error_lines = [line for line in err.splitlines() if line.startswith("error:")]
-    assert len(error_lines) == 1, err
-    return code, error_lines[0]
+    assert err.startswith("error: ") and err.count("\n") == 1, err  # that line and nothing else
+    return code, err.strip()
 
 
 def test_models_lists_the_default_aliases(capsys):
@@ -142,6 +141,17 @@ def test_options_of_the_other_method_are_refused(capsys, argv, message):
 def test_missing_artifact_directory_is_a_clear_error(tmp_path, capsys):
     code, err = run(capsys, "eval", "bfcl", "--artifact", str(tmp_path), "--categories", "simple_python")
     assert code == 2 and "not a prepared cascade (run `hyfunc prepare`)" in err
+    code, err = run(capsys, "eval", "bfcl", "--with-cascade", str(tmp_path), "--categories", "simple_python")
+    assert code == 2 and "not a prepared cascade" in err
+    code, err = run(capsys, "bench", "library", "--artifact", str(tmp_path), "--data", str(EXAMPLES / "train.jsonl"))
+    assert code == 2 and "not a prepared cascade" in err
+
+
+def test_unknown_baseline_model_is_refused_before_the_cascade_loads(capsys):
+    code, err = run(capsys, "eval", "bfcl", "--with-direct", "qwen-coder-1.5b", "qwen-coder-05b", "--categories", "multiple")
+    assert code == 2 and "unknown model 'qwen-coder-05b'" in err
+    code, err = run(capsys, "bench", "library", "--model", "qwen-15b", "--data", str(EXAMPLES / "train.jsonl"))
+    assert code == 2 and "unknown model 'qwen-15b'" in err
 
 
 def test_prepare_with_missing_or_empty_data(tmp_path, capsys):
@@ -157,7 +167,7 @@ def test_prepare_with_missing_or_empty_data(tmp_path, capsys):
 
 def test_bad_thread_count(capsys, monkeypatch):
     monkeypatch.setenv("HYFUNC_THREADS", "two")
-    code, err = run(capsys, "call", "--method", "direct", "--model", "./no/such/dir", "--tools", TOOLS, "--query", "hi")
+    code, err = run(capsys, "call", "--method", "direct", "--model", "qwen-coder-0.5b", "--tools", TOOLS, "--query", "hi")
     assert code == 2 and "HYFUNC_THREADS='two'" in err
 
 

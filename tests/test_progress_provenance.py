@@ -7,7 +7,7 @@ from hyfunc.progress import steps
 
 
 def test_a_long_step_is_shown_at_once_and_its_clock_keeps_moving(capsys):
-    with steps("reading the library", total=2, tick_seconds=0.05) as progress:
+    with steps("reading the library", total=2, tick_seconds=0.05, delay=0.05) as progress:
         progress.next("cascade")
         time.sleep(0.4)  # one long step: no update, only the ticker redraws
         progress.next("direct")
@@ -15,6 +15,27 @@ def test_a_long_step_is_shown_at_once_and_its_clock_keeps_moving(capsys):
     assert "reading the library: 0/2" in err and "cascade" in err
     assert err.count("cascade") >= 4  # redrawn while the step ran
     assert "reading the library: 2/2" in err
+
+
+def test_a_step_that_fails_at_once_prints_no_bar(capsys):
+    try:
+        with steps("loading models", total=1) as progress:
+            progress.next("models")
+            raise KeyError("fails before the bar's one-second delay")
+    except KeyError:
+        pass
+    assert capsys.readouterr().err == ""
+
+
+def test_a_failure_after_the_bar_appeared_ends_its_line(capsys):
+    try:
+        with steps("loading models", total=1, tick_seconds=0.05, delay=0.05) as progress:
+            progress.next("models")
+            time.sleep(0.2)
+            raise KeyError("late")
+    except KeyError:
+        pass
+    assert capsys.readouterr().err.endswith("\n")
 
 
 def test_git_state_of_a_repository_and_of_a_plain_folder(tmp_path):

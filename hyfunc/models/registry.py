@@ -166,24 +166,36 @@ def _materialize_default(spec: DefaultModel) -> Path:
     return out_dir
 
 
-def resolve_model(name: str) -> str:
-    """Return something `from_pretrained` can load for `name` (see the module docstring)."""
+def check_model_name(name: str) -> str:
+    """What kind of name `name` is ("alias", "gguf", "directory" or "hub"), without loading or
+    converting anything; raises ModelNotAvailable for a name that cannot be any of them."""
     if name in DEFAULT_MODELS:
-        return str(_materialize_default(DEFAULT_MODELS[name]))
+        return "alias"
     path = Path(name).expanduser()
     if path.suffix == ".gguf" and path.is_file():
+        return "gguf"
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise ModelNotAvailable(f"'{name}' is a path but holds no config.json (not a saved Hugging Face model)")
+        return "directory"
+    if not looks_like_hub_id(name):
+        raise ModelNotAvailable(f"unknown model {name!r}: {MODEL_NAME_HELP}")
+    return "hub"
+
+
+def resolve_model(name: str) -> str:
+    """Return something `from_pretrained` can load for `name` (see the module docstring)."""
+    kind = check_model_name(name)
+    if kind == "alias":
+        return str(_materialize_default(DEFAULT_MODELS[name]))
+    path = Path(name).expanduser()
+    if kind == "gguf":
         digest = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]
         out_dir = hyfunc_home() / "models" / f"{path.stem}-{digest}"
         if not (out_dir / "config.json").is_file():
             convert_gguf(path, out_dir)
         return str(out_dir)
-    if path.exists():
-        if not (path / "config.json").is_file():
-            raise ModelNotAvailable(f"'{name}' is a path but holds no config.json (not a saved Hugging Face model)")
-        return str(path)
-    if not looks_like_hub_id(name):
-        raise ModelNotAvailable(f"unknown model {name!r}: {MODEL_NAME_HELP}")
-    return name  # a Hugging Face model id
+    return str(path) if kind == "directory" else name  # a Hugging Face model id
 
 
 #: What a model name may be, for error messages.
