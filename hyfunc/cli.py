@@ -8,13 +8,24 @@ import time
 from importlib import resources
 from pathlib import Path
 
-from hyfunc.formats.calls import render_python_calls, to_bfcl_output
-from hyfunc.formats.schema import SchemaError, parse_tools
+from hyfunc.cli_checks import (
+    CALL_FORMATS, check_bfcl_inputs, check_loadable, check_method_options, format_answer, one_line,
+)
+from hyfunc.errors import InputError, UserError
+from hyfunc.formats.bfcl import ALIASES, CATEGORIES, EXTRA_CATEGORIES
+from hyfunc.formats.calls import render_python_calls
+from hyfunc.formats.schema import parse_tools
+from hyfunc.formats.tools_file import read_tools_file
 from hyfunc.methods import METHODS
 from hyfunc.methods.base import Answer
 from hyfunc.methods.direct import PROMPT_STYLES
 from hyfunc.models.engines import DEFAULT_ENGINE, ENGINES, check_engine
-from hyfunc.models.registry import DEFAULT_LARGE, DEFAULT_MODELS, DEFAULT_SMALL, ModelNotAvailable
+from hyfunc.models.registry import DEFAULT_LARGE, DEFAULT_MODELS, DEFAULT_SMALL
+from hyfunc.progress import steps
+
+#: Errors that are the user's to fix: printed as one line, exit status 2. Anything else is a bug
+#: and keeps its traceback. A missing file named on the command line is the user's too.
+USER_ERRORS = (UserError, FileNotFoundError)
 
 
 def _add_method_args(parser: argparse.ArgumentParser, prefix_caching: bool) -> None:
@@ -26,8 +37,11 @@ def _add_method_args(parser: argparse.ArgumentParser, prefix_caching: bool) -> N
         "--ablate", nargs="+", default=[], choices=["soft_token", "retriever", "templating"],
         help="switch cascade stages off (method hyfunc)",
     )
-    parser.add_argument("--model", default=DEFAULT_LARGE, help="alias, local path or Hugging Face id (method direct)")
-    parser.add_argument("--style", default="auto", choices=["auto", *PROMPT_STYLES], help="prompting style")
+    # No defaults here: an option given with a method it does not apply to is refused (cli_checks).
+    parser.add_argument(
+        "--model", default=None, help=f"alias, local path or Hugging Face id (method direct; default {DEFAULT_LARGE})"
+    )
+    parser.add_argument("--style", default=None, choices=["auto", *PROMPT_STYLES], help="prompting style (method direct)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     parser.add_argument(
         "--engine", default=DEFAULT_ENGINE, choices=ENGINES,
@@ -43,12 +57,16 @@ def _add_method_args(parser: argparse.ArgumentParser, prefix_caching: bool) -> N
 def _build_method(args: argparse.Namespace):
     from hyfunc.methods import load_method
 
+    check_method_options(args)
     start = time.perf_counter()
-    # A fixed tool library (demo, call) is read once; BFCL cases each bring their own tools.
-    method = load_method(
-        args.method, model=args.model, style=args.style, device=args.device, prefix_caching=args.prefix_caching,
-        artifact=args.artifact, ablate=tuple(args.ablate), engine=args.engine, small_engine=args.small_engine,
-    )
+    with steps(f"loading {args.method}", total=1) as progress:
+        progress.next("models")
+        # A fixed tool library (demo, call) is read once; BFCL cases each bring their own tools.
+        method = load_method(
+            args.method, model=args.model or DEFAULT_LARGE, style=args.style or "auto", device=args.device,
+            prefix_caching=args.prefix_caching, artifact=args.artifact, ablate=tuple(args.ablate),
+            engine=args.engine, small_engine=args.small_engine,
+        )
     models = [m for m in (getattr(method, "large", None), getattr(method, "small", None), getattr(method, "backend", None)) if m]
     print(f"loaded {method.name} in {time.perf_counter() - start:.1f}s: " + "; ".join(m.description for m in models), file=sys.stderr)
     return method
@@ -66,7 +84,7 @@ def _format_timings(answer: Answer) -> str:
 def _print_answer(query: str, answer: Answer) -> None:
     print(f"> {query}")
     if answer.error:
-        print(f"  unparseable output: {answer.error}\n  raw: {answer.raw_text!r}")
+        print(f"  no usable answer: {answer.error}\n  raw: {answer.raw_text!r}")
     elif answer.calls:
         print(f"  {render_python_calls(answer.calls)}")
     else:
@@ -79,7 +97,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     tools = parse_tools(demo["tools"])
     method = _build_method(args)
     if args.prefix_caching and hasattr(method, "use_library"):
-        method.use_library(tools)  # the cascade's large model reads the fixed library once
+        with steps("reading the tool library", total=1) as progress:
+            progress.next(f"{len(tools)} tools")
+            method.use_library(tools)  # the cascade's large model reads the fixed library once
     print(f"{len(tools)} tools: {', '.join(t.name for t in tools)}")
     for query in demo["requests"]:
         _print_answer(query, method.answer([{"role": "user", "content": query}], tools))
@@ -87,31 +107,28 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_call(args: argparse.Namespace) -> int:
-    try:
-        raw = json.loads(Path(args.tools).read_text())
-        tools = parse_tools(raw["tools"] if isinstance(raw, dict) else raw)
-    except (OSError, json.JSONDecodeError, KeyError, SchemaError) as err:
-        print(f"error: cannot read tools from {args.tools}: {err}", file=sys.stderr)
-        return 2
+    tools = read_tools_file(args.tools)
     method = _build_method(args)
+    # The cascade reads a fixed library once; above MAX_PROMPT_TOOLS no prompt holds it, and it
+    # is read per function (with the artifact's library retriever) instead.
+    if hasattr(method, "use_library") and (args.prefix_caching or len(tools) > method.MAX_PROMPT_TOOLS):
+        with steps("reading the tool library", total=1) as progress:
+            progress.next(f"{len(tools)} tools")
+            method.use_library(tools)
     answer = method.answer([{"role": "user", "content": args.query}], tools)
     if args.timings:
         print(_format_timings(answer), file=sys.stderr)
-    print(json.dumps({"calls": to_bfcl_output(answer.calls), "error": answer.error}, ensure_ascii=False))
+    print(format_answer(answer, args.format))
+    if answer.error is not None and args.format != "json":  # the json form carries the error itself
+        print(f"error: {one_line(answer.error)}", file=sys.stderr)
     return 0 if answer.error is None else 1
 
 
 def cmd_eval_bfcl(args: argparse.Namespace) -> int:
-    from hyfunc.eval.bfcl import CATEGORIES, run_side_by_side
+    from hyfunc.eval.bfcl import run_side_by_side
 
-    categories = args.categories or CATEGORIES
-    unknown = [c for c in categories if c not in CATEGORIES]
-    if unknown and args.data_dir is None:
-        print(f"error: unknown categories {unknown}; known: {', '.join(CATEGORIES)}", file=sys.stderr)
-        return 2
-    if args.ablations and args.method != "hyfunc":
-        print("error: --ablations needs --method hyfunc", file=sys.stderr)
-        return 2
+    categories = check_bfcl_inputs(args.categories or CATEGORIES, args.data_dir)  # before any model loads
+    check_method_options(args)
     methods = _side_by_side_methods(args)
     main_label = next(iter(methods))
     out_dir = Path(args.out or f"reports/{_dir_name(main_label)}")
@@ -145,8 +162,6 @@ def _side_by_side_methods(args: argparse.Namespace) -> dict:
     for stage in args.ablations:
         methods[f"hyfunc-no-{stage}"] = main.variant(CascadeOptions(**{stage: False}), f"hyfunc-no-{stage}")
     for spec in args.with_cascade:
-        if args.method != "hyfunc":
-            raise ValueError("--with-cascade needs --method hyfunc")
         from hyfunc.methods.cascade import DEFAULT_ARTIFACT, HyFuncMethod
 
         artifact, _, engines = spec.partition("@")
@@ -184,18 +199,23 @@ def cmd_bench_library(args: argparse.Namespace) -> int:
     from hyfunc.eval.library import library_examples, run_library_benchmark, write_library_report
     from hyfunc.methods import load_method
 
+    check_loadable([args.model] if args.model else [], [args.artifact] if args.artifact else [], args.device)
     examples, tools = library_examples(args.data, args.requests, args.seed)
-    cascade = load_method(
-        "hyfunc", artifact=args.artifact, device=args.device, engine=args.engine, small_engine=args.small_engine
-    )
-    methods = {"hyfunc": cascade}
-    for spec in args.with_direct or [f"{cascade.large.name}@{args.engine}"]:
-        model, _, engine = spec.partition("@")
-        engine = engine or args.engine
-        same = model == cascade.large.name and engine == cascade.large.engine
-        methods[f"direct:{model}@{engine}"] = load_method(
-            "direct", model=model, device=args.device, prefix_caching=True, backend=cascade.large if same else None, engine=engine
+    with steps("loading models", total=2) as progress:
+        progress.next("the cascade")
+        cascade = load_method(
+            "hyfunc", artifact=args.artifact, device=args.device, engine=args.engine, small_engine=args.small_engine
         )
+        methods = {"hyfunc": cascade}
+        progress.next("direct prompting")
+        for spec in args.with_direct or [f"{cascade.large.name}@{args.engine}"]:
+            model, _, engine = spec.partition("@")
+            engine = engine or args.engine
+            same = model == cascade.large.name and engine == cascade.large.engine
+            methods[f"direct:{model}@{engine}"] = load_method(
+                "direct", model=model, device=args.device, prefix_caching=True, backend=cascade.large if same else None,
+                engine=engine,
+            )
     result = run_library_benchmark(methods, examples, tools)
     paths = write_library_report(result, args.out)
     print(paths["md"].read_text())
@@ -207,15 +227,18 @@ def cmd_bench_retriever(args: argparse.Namespace) -> int:
     from hyfunc.cascade.library import load_library
     from hyfunc.eval.retrieval import library_requests, run_retrieval_benchmark, write_retrieval_report
 
+    check_loadable([], [args.artifact] if args.artifact else [], args.device)
     library = load_library(args.library)
     requests = library_requests(args.data, library, args.limit)
     if not requests:
-        raise ValueError(f"no held-out example in {args.data} calls only tools of {args.library}")
-    cascade = HyFuncMethod.load(args.artifact or DEFAULT_ARTIFACT, device=args.device)
+        raise InputError(f"no held-out example in {args.data} calls only tools of {args.library}")
+    with steps("loading the cascade", total=1) as progress:
+        progress.next("models")
+        cascade = HyFuncMethod.load(args.artifact or DEFAULT_ARTIFACT, device=args.device)
     retrievers = {"joint (trained on tool-list prompts)": cascade.retriever}
     if cascade.library_retriever is not None:
         retrievers["library (per-function mode)"] = cascade.library_retriever
-    result = run_retrieval_benchmark(cascade.encoder, retrievers, library, requests)
+    result = run_retrieval_benchmark(cascade.encoder, retrievers, library, requests, method=cascade)
     paths = write_retrieval_report(result, args.out)
     print(paths["md"].read_text())
     return 0
@@ -239,6 +262,11 @@ def cmd_models(args: argparse.Namespace) -> int:
 
     if args.prepare:
         for name in args.prepare:
+            # Only the default aliases and local .gguf files are converted; anything else has
+            # nothing to prepare, and saying "done" for a typo would hide it.
+            if name not in DEFAULT_MODELS and not (name.endswith(".gguf") and Path(name).is_file()):
+                raise InputError(f"cannot prepare {name!r}: not a default alias ({', '.join(DEFAULT_MODELS)}) or an existing .gguf file")
+        for name in args.prepare:
             start = time.perf_counter()
             print(f"{name}: {resolve_model(name)} ({time.perf_counter() - start:.1f}s)")
         return 0
@@ -259,6 +287,10 @@ def main(argv: list[str] | None = None) -> int:
     call.add_argument("--tools", required=True, help="JSON file: a list of tools (OpenAI, BFCL or JSON Schema) or {'tools': [...]}")
     call.add_argument("--query", required=True)
     call.add_argument("--timings", action="store_true", help="print the latency breakdown to stderr")
+    call.add_argument(
+        "--format", default="json", choices=CALL_FORMATS,
+        help="json: {calls, error} (default); openai: an assistant message with tool_calls; python: [f(a=1)]",
+    )
     _add_method_args(call, prefix_caching=True)
     call.set_defaults(func=cmd_call)
 
@@ -266,7 +298,10 @@ def main(argv: list[str] | None = None) -> int:
     eval_sub = evaluate.add_subparsers(dest="benchmark", required=True)
     bfcl = eval_sub.add_parser("bfcl", help="score on BFCL with the official checker")
     _add_method_args(bfcl, prefix_caching=False)
-    bfcl.add_argument("--categories", nargs="+", help="default: all supported categories")
+    bfcl.add_argument(
+        "--categories", nargs="+",
+        help=f"default: {' '.join(CATEGORIES)}; also {' '.join(EXTRA_CATEGORIES + list(ALIASES))}",
+    )
     bfcl.add_argument("--limit", type=int, default=None, help="first N cases per category")
     bfcl.add_argument("--out", help="report directory (default: reports/<method>)")
     bfcl.add_argument("--data-dir", help="a data set laid out like BFCL's (question files + possible_answer/)")
@@ -357,9 +392,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError, ModelNotAvailable) as err:
-        # Bad input (files, names, schemas): say what is wrong, without a traceback.
-        print(f"error: {err}", file=sys.stderr)
+    except USER_ERRORS as err:
+        # The one place that turns an error the user can fix into one line (see hyfunc/errors.py).
+        print(f"error: {one_line(str(err))}", file=sys.stderr)
         return 2
 
 

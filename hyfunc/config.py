@@ -4,6 +4,8 @@ HYFUNC_HOME     where models are converted and caches live (default ~/.cache/hyf
 HYFUNC_DTYPE    float32 | bfloat16 | float16 for transformers models (default: by the CPU, see
                 `hyfunc.models.backend.default_dtype`)
 HYFUNC_THREADS  torch threads (default: torch's own choice)
+BFCL_PROJECT_ROOT  where bfcl-eval writes its scratch folders (default $HYFUNC_HOME/bfcl; set in
+                `hyfunc.formats.bfcl` before bfcl-eval is first imported)
 """
 from __future__ import annotations
 

@@ -1,7 +1,26 @@
-"""The command line: argument handling and clear errors (no model is loaded here)."""
-import json
+"""The command line's clear errors: one line on stderr, exit status 2, before any model loads.
 
-from hyfunc.cli import main
+Every case goes through the entry point `main([...])`, as a user's command would.
+"""
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from hyfunc.cli import USER_ERRORS, main
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+TOOLS = str(EXAMPLES / "tools.json")
+
+
+def run(capsys, *argv: str) -> tuple[int, str]:
+    """(exit status, stderr) of `hyfunc argv`; the error must be exactly one line."""
+    code = main(list(argv))
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1, err  # that line and nothing else
+    return code, err.strip()
 
 
 def test_models_lists_the_default_aliases(capsys):
@@ -11,26 +30,154 @@ def test_models_lists_the_default_aliases(capsys):
         assert alias in out
 
 
-def test_call_with_unreadable_or_invalid_tools_fails_cleanly(tmp_path, capsys):
-    assert main(["call", "--tools", str(tmp_path / "missing.json"), "--query", "hi"]) == 2
-    assert "cannot read tools" in capsys.readouterr().err
-    bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps([{"name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "strng"}}}}]))
-    assert main(["call", "--tools", str(bad), "--query", "hi"]) == 2
-    err = capsys.readouterr().err
-    assert "'f'" in err and "strng" in err
+@pytest.mark.parametrize(
+    "model, message",
+    [
+        ("qwen-coder-15b", "unknown model 'qwen-coder-15b': not a default alias (qwen-coder-1.5b, qwen-coder-0.5b, smollm2-135m)"),
+        ("./no/such/dir", "unknown model './no/such/dir'"),
+        ("missing.gguf", "unknown model 'missing.gguf'"),
+    ],
+)
+def test_unknown_model_lists_the_aliases(capsys, model, message):
+    code, err = run(capsys, "call", "--method", "direct", "--model", model, "--tools", TOOLS, "--query", "hi")
+    assert code == 2 and message in err
 
 
-def test_eval_rejects_unknown_categories_before_loading_a_model(capsys):
-    assert main(["eval", "bfcl", "--method", "direct", "--model", "smollm2-135m", "--categories", "simple_java_typo"]) == 2
-    assert "unknown categories" in capsys.readouterr().err
+def test_model_directory_without_config(capsys, tmp_path):
+    code, err = run(capsys, "call", "--method", "direct", "--model", str(tmp_path), "--tools", TOOLS, "--query", "hi")
+    assert code == 2 and "holds no config.json" in err
 
 
-def test_ablations_need_the_cascade(capsys):
-    assert main(["eval", "bfcl", "--method", "direct", "--ablations", "retriever", "--categories", "simple_python"]) == 2
-    assert "--method hyfunc" in capsys.readouterr().err
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("not json at all", "is not JSON"),
+        ("42", "holds a number; expected a JSON list of tools"),
+        ('"get_weather"', "holds a string; expected a JSON list of tools"),
+        ('{"functions": []}', 'the object has no "tools" key (keys: \'functions\')'),
+        ("[]", "holds no tools"),
+        ('{"tools": {"name": "f"}}', "holds an object; expected"),
+        ('[{"name": "f", "parameters": {"type": "object", "properties": {"x": {"type": "strng"}}}}]', "'f'"),
+    ],
+)
+def test_bad_tools_files(capsys, tmp_path, content, message):
+    path = tmp_path / "tools.json"
+    path.write_text(content)
+    code, err = run(capsys, "call", "--tools", str(path), "--query", "hi")
+    assert code == 2 and message in err and str(path) in err
+
+
+def test_missing_tools_file(capsys, tmp_path):
+    code, err = run(capsys, "call", "--tools", str(tmp_path / "missing.json"), "--query", "hi")
+    assert code == 2 and "missing.json' does not exist" in err
+
+
+def test_unsupported_category_lists_the_supported_ones(capsys):
+    code, err = run(capsys, "eval", "bfcl", "--method", "direct", "--categories", "simple_java_typo")
+    assert code == 2
+    assert "unsupported BFCL category 'simple_java_typo'; supported: simple_python" in err and "live_relevance" in err
+
+
+def test_the_loader_and_the_command_line_share_one_category_list():
+    from hyfunc.cli_checks import check_bfcl_inputs
+    from hyfunc.eval import bfcl
+
+    # "simple" (the v3 name) and "live_relevance" are read by the loader: the CLI accepts them too.
+    assert check_bfcl_inputs(["simple", "live_relevance"], None) == ["simple_python", "live_relevance"]
+    assert bfcl.CATEGORIES is __import__("hyfunc.formats.bfcl", fromlist=["CATEGORIES"]).CATEGORIES
+
+
+def test_data_dir_missing_empty_or_without_the_category(capsys, tmp_path):
+    code, err = run(capsys, "eval", "bfcl", "--method", "direct", "--data-dir", str(tmp_path / "nope"))
+    assert code == 2 and "is not a directory" in err
+    code, err = run(capsys, "eval", "bfcl", "--method", "direct", "--data-dir", str(tmp_path))
+    assert code == 2 and "holds no .json question file" in err
+    (tmp_path / "BFCL_v4_multiple.json").write_text("")
+    code, err = run(capsys, "eval", "bfcl", "--method", "direct", "--data-dir", str(tmp_path), "--categories", "simple_python")
+    assert code == 2 and "no question file for category 'simple_python'" in err
+
+
+def test_missing_bfcl_eval_says_how_to_install(capsys, monkeypatch):
+    # A None entry in sys.modules is how Python marks a module as absent: find_spec and import fail.
+    monkeypatch.setitem(sys.modules, "bfcl_eval", None)
+    code, err = run(capsys, "eval", "bfcl", "--method", "direct", "--categories", "multiple")
+    assert code == 2 and "bfcl-eval) is not installed; install it with: pip install --no-deps bfcl-eval==" in err
+
+
+def test_bad_device(capsys):
+    code, err = run(capsys, "call", "--method", "direct", "--device", "gpu", "--tools", TOOLS, "--query", "hi")
+    assert code == 2 and "unknown device 'gpu'; use cpu or cuda" in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_without_a_gpu(capsys):
+    code, err = run(capsys, "demo", "--method", "direct", "--device", "cuda")
+    assert code == 2 and "no CUDA GPU is visible" in err
+
+
+def test_models_prepare_of_an_unknown_name_fails(capsys):
+    code, err = run(capsys, "models", "--prepare", "qwen-coder-7b")
+    assert code == 2 and "cannot prepare 'qwen-coder-7b'" in err and "qwen-coder-1.5b" in err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["call", "--tools", TOOLS, "--query", "hi", "--model", "smollm2-135m"], "--model applies to --method direct only"),
+        (["demo", "--style", "native"], "--style applies to --method direct only"),
+        (["demo", "--method", "direct", "--artifact", "x"], "--artifact applies to --method hyfunc only"),
+        (["demo", "--method", "direct", "--ablate", "retriever"], "--ablate applies to --method hyfunc only"),
+        (["eval", "bfcl", "--method", "direct", "--ablations", "retriever", "--categories", "multiple"],
+         "--ablations applies to --method hyfunc only"),
+        (["eval", "bfcl", "--method", "direct", "--with-cascade", "x", "--categories", "multiple"],
+         "--with-cascade applies to --method hyfunc only"),
+    ],
+)
+def test_options_of_the_other_method_are_refused(capsys, argv, message):
+    code, err = run(capsys, *argv)
+    assert code == 2 and message in err
 
 
 def test_missing_artifact_directory_is_a_clear_error(tmp_path, capsys):
-    assert main(["eval", "bfcl", "--method", "hyfunc", "--artifact", str(tmp_path), "--categories", "simple_python"]) == 2
-    assert "hyfunc prepare" in capsys.readouterr().err
+    code, err = run(capsys, "eval", "bfcl", "--artifact", str(tmp_path), "--categories", "simple_python")
+    assert code == 2 and "not a prepared cascade (run `hyfunc prepare`)" in err
+    code, err = run(capsys, "eval", "bfcl", "--with-cascade", str(tmp_path), "--categories", "simple_python")
+    assert code == 2 and "not a prepared cascade" in err
+    code, err = run(capsys, "bench", "library", "--artifact", str(tmp_path), "--data", str(EXAMPLES / "train.jsonl"))
+    assert code == 2 and "not a prepared cascade" in err
+
+
+def test_unknown_baseline_model_is_refused_before_the_cascade_loads(capsys):
+    code, err = run(capsys, "eval", "bfcl", "--with-direct", "qwen-coder-1.5b", "qwen-coder-05b", "--categories", "multiple")
+    assert code == 2 and "unknown model 'qwen-coder-05b'" in err
+    code, err = run(capsys, "bench", "library", "--model", "qwen-15b", "--data", str(EXAMPLES / "train.jsonl"))
+    assert code == 2 and "unknown model 'qwen-15b'" in err
+
+
+def test_prepare_with_missing_or_empty_data(tmp_path, capsys):
+    code, err = run(capsys, "prepare", "--data", str(tmp_path / "nope"), "--out", str(tmp_path / "a"))
+    assert code == 2 and "does not exist" in err
+    code, err = run(capsys, "prepare", "--data", str(tmp_path), "--out", str(tmp_path / "a"))
+    assert code == 2 and "holds no .jsonl file" in err
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"id": "1", "query": "q", "tools": [], "answers": [{"name": "f"}]}) + "\n")
+    code, err = run(capsys, "prepare", "--data", str(bad), "--out", str(tmp_path / "a"))
+    assert code == 2 and "bad.jsonl:1: answer calls 'f', which is not among the tools" in err
+
+
+def test_bad_thread_count(capsys, monkeypatch):
+    monkeypatch.setenv("HYFUNC_THREADS", "two")
+    code, err = run(capsys, "call", "--method", "direct", "--model", "qwen-coder-0.5b", "--tools", TOOLS, "--query", "hi")
+    assert code == 2 and "HYFUNC_THREADS='two'" in err
+
+
+def test_bugs_are_not_mistaken_for_user_errors():
+    # A plain ValueError or KeyError raised by a bug keeps its traceback: only UserError (and a
+    # missing file named on the command line) is turned into one line.
+    assert not issubclass(ValueError, USER_ERRORS) and not issubclass(KeyError, USER_ERRORS)
+    assert not issubclass(RuntimeError, USER_ERRORS)
+
+
+def test_prepare_on_the_three_line_example_says_it_is_too_little(tmp_path, capsys):
+    code, err = run(capsys, "prepare", "--data", str(EXAMPLES / "train.jsonl"), "--out", str(tmp_path / "a"))
+    assert code == 2 and "too little data: 3 training and 0 validation examples" in err

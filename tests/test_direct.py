@@ -3,6 +3,7 @@ import pytest
 
 from hyfunc.formats.calls import Call
 from hyfunc.formats.schema import parse_tools
+from hyfunc.formats.validate import ArgumentError
 from hyfunc.methods.direct import DirectMethod, _python_answer_done
 from tests.tiny_models import tiny_backend
 
@@ -45,3 +46,22 @@ def test_answer_reports_tokens_and_timings():
 def test_unknown_style_is_rejected():
     with pytest.raises(ValueError, match="unknown prompt style"):
         DirectMethod(tiny_backend(), style="xml")
+
+
+WEATHER = parse_tools([{"name": "get_weather", "parameters": {"type": "object", "properties": {
+    "city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, "required": ["city"]}}])
+
+
+def test_calls_are_checked_against_the_schemas():
+    method = DirectMethod(tiny_backend(), style="bfcl")
+    assert method.checked_calls('[get_weather(city="Oslo")]', WEATHER) == [Call("get_weather", {"city": "Oslo"})]
+    assert method.checked_calls("No tool fits this request.", WEATHER) == []
+    # One valid call and one invalid: the whole list is refused, every problem named.
+    with pytest.raises(ArgumentError) as info:
+        method.checked_calls('[get_weather(city="Oslo"), get_weather(unit="kelvin"), get_time()]', WEATHER)
+    assert info.value.errors == [
+        "get_weather: argument 'unit': 'kelvin' is not one of ['celsius', 'fahrenheit']",
+        "get_weather: missing required argument 'city'",
+        "unknown tool 'get_time'; offered: get_weather",
+    ]
+    assert info.value.calls == [{"get_weather": {"city": "Oslo"}}, {"get_weather": {"unit": "kelvin"}}, {"get_time": {}}]

@@ -12,6 +12,7 @@ from typing import Iterable, Sequence, Union
 
 import yaml
 
+from hyfunc.errors import InputError
 from hyfunc.formats.calls import Call
 from hyfunc.formats.schema import SchemaError, Tool, parse_tools
 
@@ -31,8 +32,13 @@ def _files(paths: PathLike | Iterable[PathLike]) -> list[Path]:
     items = [paths] if isinstance(paths, (str, Path)) else list(paths)
     files: list[Path] = []
     for item in map(Path, items):
+        if not item.exists():
+            raise InputError(f"data path {str(item)!r} does not exist")
         # A directory means every *.jsonl in it, in name order so the result is reproducible.
-        files += sorted(item.glob("*.jsonl")) if item.is_dir() else [item]
+        found = sorted(item.glob("*.jsonl")) if item.is_dir() else [item]
+        if not found:
+            raise InputError(f"data directory {str(item)!r} holds no .jsonl file")
+        files += found
     return files
 
 
@@ -48,10 +54,10 @@ def load_examples(paths: PathLike | Iterable[PathLike]) -> list[Example]:
                 try:
                     example = _read(json.loads(line), default_source=path.stem)
                 except (ValueError, KeyError, TypeError, SchemaError) as e:
-                    raise ValueError(f"{path}:{lineno}: {e}") from None
+                    raise InputError(f"{path}:{lineno}: {e}") from None
                 # ids key the split: a duplicate would silently land on one side twice
                 if example.id in seen:
-                    raise ValueError(f"{path}:{lineno}: duplicate example id {example.id!r}")
+                    raise InputError(f"{path}:{lineno}: duplicate example id {example.id!r}")
                 seen.add(example.id)
                 examples.append(example)
     return examples

@@ -51,6 +51,7 @@ from hyfunc.cascade.retriever import (
 from hyfunc.cascade.shards import fill_shards, read_shards
 from hyfunc.cascade.soft_token import SoftTokenEncoder, tool_line
 from hyfunc.config import hyfunc_home
+from hyfunc.errors import InputError
 from hyfunc.formats.schema import Tool, parse_tools
 
 
@@ -59,7 +60,7 @@ def load_library(path: str | Path) -> list[Tool]:
     path = Path(path)
     files = sorted(path.glob("*.jsonl")) if path.is_dir() else [path]
     if not files or not all(f.is_file() for f in files):
-        raise ValueError(f"{path}: no .jsonl tool files")
+        raise InputError(f"{path}: no .jsonl tool files")
     raw = [json.loads(line) for f in files for line in f.read_text(encoding="utf-8").splitlines() if line.strip()]
     return parse_tools(raw)
 
@@ -161,7 +162,7 @@ def train_library_retriever(
     fit_ids, holdout_ids = fusion_split(len(train), seed)
     fit, holdout = [train[i] for i in fit_ids], [train[i] for i in holdout_ids]
     if not fit or not val:
-        raise ValueError(f"{library_path}: too few training examples call only its tools ({len(train)} train, {len(val)} validation)")
+        raise InputError(f"{library_path}: too few training examples call only its tools ({len(train)} train, {len(val)} validation)")
     functions = library_embeddings(encoder, library)
     lexical = LexicalIndex(library)
     requests = directory.parent / "library-requests"

@@ -48,6 +48,7 @@ from hyfunc.cascade.small_model import (
 )
 from hyfunc.cascade.soft_token import SoftTokenEncoder
 from hyfunc.cascade.templating import TemplateDecoder, TemplateError, target_token_mask
+from hyfunc.errors import InputError
 from hyfunc.formats.calls import same_calls
 from hyfunc.models.backend import Backend, default_dtype
 
@@ -317,6 +318,17 @@ def _earlier_runs(path: Path) -> list[dict]:
     return previous.get("earlier_runs", []) + [{"seconds": previous.get("seconds", {})}]
 
 
+def _check_split(train: Sequence[Example], val: Sequence[Example], val_fraction: float) -> None:
+    """Refuse, before any model loads, data too small to fit a retriever and calibrate it."""
+    calls_train, calls_val = sum(1 for ex in train if ex.answers), sum(1 for ex in val if ex.answers)
+    if calls_train < 2 or calls_val < 1:
+        raise InputError(
+            f"too little data: {len(train)} training and {len(val)} validation examples (a {val_fraction:.0%} split by "
+            f"id), {calls_train} and {calls_val} of them with calls; at least 2 and 1 are needed, and a useful "
+            "cascade needs hundreds (the shipped one: 700 fc-train examples)"
+        )
+
+
 def prepare(config: PrepareConfig, out: Path, large: Backend | None = None, small: Backend | None = None) -> dict:
     """Run (or resume) every stage; returns the manifest. Backends may be passed in (tests)."""
     out.mkdir(parents=True, exist_ok=True)
@@ -324,6 +336,7 @@ def prepare(config: PrepareConfig, out: Path, large: Backend | None = None, smal
     everything = load_examples(config.data)
     examples = sample_by_pattern(everything, config.max_examples, config.seed) if config.max_examples else everything
     train, val = split_examples(examples, config.val_fraction)
+    _check_split(train, val, config.val_fraction)
     off_train, off_val = split_examples(off_topic_requests() if config.off_topic else [], config.val_fraction)
     train = augment_refusals(train, config.refusal_fraction, config.seed, off_train)
     val = augment_refusals(val, config.refusal_fraction, config.seed + 1, off_val)

@@ -23,35 +23,22 @@ from typing import Any, Mapping, Sequence
 from tqdm import tqdm
 
 from hyfunc.eval import report
+from hyfunc.eval.provenance import provenance
 from hyfunc.eval.records import done_ids, jsonable, read_case_records
 from hyfunc.formats.bfcl import (
+    ALIASES,
+    CATEGORIES,
+    EXTRA_CATEGORIES,
     INSTALL_HINT,
     BfclError,
     bfcl_eval_version,
     bfcl_utils,
+    canonical_category,
     import_bfcl,
     official_ast_checker,
 )
 from hyfunc.formats.calls import to_bfcl_output
 from hyfunc.formats.schema import parse_tools
-
-#: The single-turn Python categories scored by `run_eval` by default.
-CATEGORIES: list[str] = [
-    "simple_python",
-    "multiple",
-    "parallel",
-    "parallel_multiple",
-    "irrelevance",
-    "live_simple",
-    "live_multiple",
-    "live_parallel",
-    "live_parallel_multiple",
-    "live_irrelevance",
-]
-#: Also accepted: BFCL's relevance category (a call is expected, any call counts).
-EXTRA_CATEGORIES: list[str] = ["live_relevance"]
-#: Old (BFCL v3) names.
-ALIASES: dict[str, str] = {"simple": "simple_python"}
 
 #: `ast_checker` needs a registry name from bfcl_eval's MODEL_CONFIG_MAPPING; it only uses it to
 #: decide whether dots in function names were turned into underscores (OpenAI-style FC models).
@@ -70,15 +57,6 @@ class BfclCase:
     messages: list[dict]  # the single-turn question: [{"role", "content"}, ...], system kept
     functions: list[dict]  # raw BFCL function docs, as in the data file
     possible_answer: list[dict] | None  # BFCL ground truth; None for (ir)relevance categories
-
-
-def canonical_category(category: str) -> str:
-    category = ALIASES.get(category, category)
-    if category not in CATEGORIES and category not in EXTRA_CATEGORIES:
-        raise BfclError(
-            f"unsupported BFCL category {category!r}; supported: {', '.join(CATEGORIES + EXTRA_CATEGORIES)}"
-        )
-    return category
 
 
 def is_relevance_category(category: str) -> bool:
@@ -392,6 +370,7 @@ def run_metadata(method, categories, limit, data_dir) -> dict:
         "checker": "bfcl_eval.eval_checker.ast_eval.ast_checker.ast_checker",
         "checker_model_name": CHECKER_MODEL_NAME,
         "python": sys.version.split()[0],
+        "provenance": provenance([method]),
     }
 
 

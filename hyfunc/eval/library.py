@@ -20,8 +20,11 @@ from pathlib import Path
 from typing import Sequence
 
 from hyfunc.cascade.data import Example, load_examples, split_examples
+from hyfunc.errors import InputError
+from hyfunc.eval.provenance import provenance, provenance_markdown
 from hyfunc.formats.calls import same_calls
 from hyfunc.formats.schema import Tool
+from hyfunc.progress import steps
 
 
 def library_examples(data: Sequence[str], n: int, seed: int = 0) -> tuple[list[Example], list[Tool]]:
@@ -29,7 +32,7 @@ def library_examples(data: Sequence[str], n: int, seed: int = 0) -> tuple[list[E
     _, held_out = split_examples(load_examples(data))
     callers = [ex for ex in held_out if ex.answers]
     if len(callers) < n:
-        raise ValueError(f"only {len(callers)} held-out examples with a call in {list(data)}; asked for {n}")
+        raise InputError(f"only {len(callers)} held-out examples with a call in {list(data)}; asked for {n}")
     chosen = random.Random(seed).sample(callers, n)
     tools: dict[str, Tool] = {}
     for ex in chosen:
@@ -45,13 +48,16 @@ def run_library_benchmark(methods: dict, examples: list[Example], tools: list[To
     and medians; the first label is compared with the others (ratio of medians)."""
     from tqdm import tqdm
 
-    for method in methods.values():
-        if hasattr(method, "use_library"):
-            method.use_library(tools)
+    # Reading the library takes minutes on a CPU (the direct side also decodes its warm-up
+    # answer): a bar shows which method is at it from the first second.
+    with steps(f"reading the {len(tools)}-tool library", total=len(methods)) as progress:
+        for label, method in methods.items():
+            progress.next(label)
+            if hasattr(method, "use_library"):
+                method.use_library(tools)
+            # Fills the direct side's prefix cache with the library (a request not among those timed).
+            method.answer([{"role": "user", "content": "Hello!"}], tools)
     records: dict[str, list[dict]] = {label: [] for label in methods}
-    for method in methods.values():
-        # Fills the direct side's prefix cache with the library (a request not among those timed).
-        method.answer([{"role": "user", "content": "Hello!"}], tools)
     for ex in tqdm(examples, desc="library requests", unit="req"):
         for label, method in methods.items():
             answer = method.answer([{"role": "user", "content": ex.query}], tools)
@@ -83,7 +89,7 @@ def run_library_benchmark(methods: dict, examples: list[Example], tools: list[To
         f"{first} / {other}": summary[first]["latency_median"] / summary[other]["latency_median"] for other in labels[1:]
     }
     return {"library_tools": len(tools), "requests": len(examples), "summary": summary,
-            "ratio_of_medians": ratios, "records": records}
+            "ratio_of_medians": ratios, "records": records, "provenance": provenance(methods.values())}
 
 
 def write_library_report(result: dict, out_dir: str | Path) -> dict[str, Path]:
@@ -100,6 +106,7 @@ def write_library_report(result: dict, out_dir: str | Path) -> dict[str, Path]:
     lines = [
         "# Fixed tool library: cascade vs direct prompting, both with the library's KV cache", "",
         f"Command: `{' '.join(result['command'])}`", "",
+        provenance_markdown(result.get("provenance")), "",
         f"{result['library_tools']} tools in the library, {result['requests']} held-out fc-train requests, "
         "answered alternately by each method.", "",
         "| method | n | p50 latency s | mean s | cached tokens (median) | names match % | exact match % |",

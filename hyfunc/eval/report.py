@@ -11,6 +11,8 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from hyfunc.cascade.retriever import exact_set_accuracy, recall_at_k, refusal_accuracy
+from hyfunc.errors import InputError
+from hyfunc.eval.provenance import provenance_markdown
 from hyfunc.eval.records import read_case_records
 
 OVERALL = "overall"
@@ -108,6 +110,7 @@ def write_reports(summary: dict, out_dir: str | Path) -> dict[str, Path]:
             f"- date: {meta.get('date')}",
             f"- hyfunc {meta.get('hyfunc_version')}, bfcl-eval {meta.get('bfcl_eval_version')} (official AST checker)",
             f"- limit per category: {meta.get('limit')}",
+            f"- {provenance_markdown(meta.get('provenance'))}",
             "",
         ]
     lines += [markdown_table(summary), ""]
@@ -299,7 +302,7 @@ def compare_runs(
         summaries[name] = s
         records[name] = read_case_records(d)
     if baseline is not None and baseline not in summaries:
-        raise ValueError(f"baseline {baseline!r} is not among the runs: {', '.join(summaries)}")
+        raise InputError(f"baseline {baseline!r} is not among the runs: {', '.join(summaries)}")
     cats: list[str] = []
     for s in summaries.values():
         for c in s["categories"]:

@@ -22,6 +22,7 @@ from hyfunc.cascade.data import Example, load_examples, split_examples
 from hyfunc.cascade.library import PerFunctionLibrary, in_library
 from hyfunc.cascade.retriever import Retriever, recall_at_k
 from hyfunc.cascade.soft_token import SoftTokenEncoder
+from hyfunc.eval.provenance import provenance, provenance_markdown
 from hyfunc.formats.schema import Tool
 
 
@@ -35,13 +36,15 @@ def library_requests(data: Sequence[str], library: list[Tool], limit: int | None
 
 @torch.no_grad()
 def run_retrieval_benchmark(
-    encoder: SoftTokenEncoder, retrievers: dict[str, Retriever], library: list[Tool], requests: list[Example], ks=(1, 3, 5)
+    encoder: SoftTokenEncoder, retrievers: dict[str, Retriever], library: list[Tool], requests: list[Example], ks=(1, 3, 5),
+    method=None,
 ) -> dict:
     """Recall@k and per-query search time of each retriever, on the same soft tokens.
 
     A retriever with a lexical weight is also scored without it ("cosine only"), and the lexical
     scores are scored alone ("lexical only"), so the report shows what each part contributes. A
-    per-sentence retriever (library.py) queries with one soft token per sentence, timed apart."""
+    per-sentence retriever (library.py) queries with one soft token per sentence, timed apart.
+    `method`: the cascade the retrievers belong to, recorded in the provenance."""
     indexed = PerFunctionLibrary.build(encoder, library)
     index = {t.name: i for i, t in enumerate(library)}
     top = min(max(ks), len(library))
@@ -90,6 +93,7 @@ def run_retrieval_benchmark(
             for name in ranked
         },
         "command": list(sys.argv),
+        "provenance": provenance([method] if method is not None else []),
     }
 
 
@@ -107,6 +111,7 @@ def write_retrieval_report(result: dict, out_dir: str | Path, ks=(1, 3, 5)) -> d
     lines = [
         f"# Retrieval over a library of {result['library_tools']} tools (per-function mode)", "",
         f"Command: `{' '.join(result['command'])}`", "",
+        provenance_markdown(result.get("provenance")), "",
         f"{result['requests']} held-out fc-train requests whose gold tools are all in the library. "
         f"Soft token of [instruction + request]: median {result['soft_token_ms_median']:.0f} ms (large model)"
         + (f"; per-sentence retrievers also run one [instruction + sentence] pass per sentence on the "

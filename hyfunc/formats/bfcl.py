@@ -19,18 +19,50 @@ import os
 from typing import Any, Iterable, Sequence
 
 from hyfunc.config import hyfunc_home
+from hyfunc.errors import SetupError
 
 BFCL_EVAL_VERSION_TESTED = "2026.3.23"
 
+# One line: the command line prints errors as a single line.
 INSTALL_HINT = (
-    "the official BFCL checker is not installed; install it with\n"
-    f"    pip install --no-deps bfcl-eval=={BFCL_EVAL_VERSION_TESTED}\n"
-    "    pip install -r requirements/bfcl.txt"
+    "the official BFCL checker (bfcl-eval) is not installed; install it with: "
+    f"pip install --no-deps bfcl-eval=={BFCL_EVAL_VERSION_TESTED} && pip install -r requirements/bfcl.txt"
 )
 
 
-class BfclError(RuntimeError):
+class BfclError(SetupError):
     """Missing checker, missing data files, or a malformed data set."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Categories: the one list the loader (hyfunc.eval.bfcl) and the command line both use
+
+#: The single-turn Python categories scored by `run_eval` by default.
+CATEGORIES: list[str] = [
+    "simple_python",
+    "multiple",
+    "parallel",
+    "parallel_multiple",
+    "irrelevance",
+    "live_simple",
+    "live_multiple",
+    "live_parallel",
+    "live_parallel_multiple",
+    "live_irrelevance",
+]
+#: Also accepted: BFCL's relevance category (a call is expected, any call counts).
+EXTRA_CATEGORIES: list[str] = ["live_relevance"]
+#: Old (BFCL v3) names.
+ALIASES: dict[str, str] = {"simple": "simple_python"}
+
+
+def canonical_category(category: str) -> str:
+    category = ALIASES.get(category, category)
+    if category not in CATEGORIES and category not in EXTRA_CATEGORIES:
+        raise BfclError(
+            f"unsupported BFCL category {category!r}; supported: {', '.join(CATEGORIES + EXTRA_CATEGORIES)}"
+        )
+    return category
 
 
 # ---------------------------------------------------------------------------------------------
@@ -49,7 +81,7 @@ def import_bfcl(module: str):
     try:
         return importlib.import_module(module)
     except ImportError as e:
-        raise BfclError(f"{INSTALL_HINT}\n(import of {module} failed: {e})") from e
+        raise BfclError(f"{INSTALL_HINT} (import of {module} failed: {e})") from e
 
 
 def bfcl_eval_version() -> str:

@@ -17,8 +17,10 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
+from hyfunc.errors import InputError
 
-class SchemaError(ValueError):
+
+class SchemaError(InputError):
     """A tool definition hyfunc cannot use; the message names the tool and the field path."""
 
 

@@ -7,16 +7,18 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable, Mapping
 
+from hyfunc.errors import InputError
 from hyfunc.formats.calls import Call
 from hyfunc.formats.schema import Param, Tool
 
 
-class ArgumentError(ValueError):
+class ArgumentError(InputError):
     """A call that does not fit the offered tools; `errors` lists every problem found."""
 
     def __init__(self, errors: list[str]) -> None:
         super().__init__("; ".join(errors))
         self.errors = errors
+        self.calls: list = []  # the offending call list, where the raiser has one (as JSON)
 
 
 TYPE_CHECKS: dict[str, Callable[[Any], bool]] = {

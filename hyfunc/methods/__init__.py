@@ -1,6 +1,7 @@
 """Answering methods: each turns (messages, tools) into an `Answer`."""
 from __future__ import annotations
 
+from hyfunc.errors import InputError
 from hyfunc.methods.base import Answer, Method
 
 # The prompting style that scored best on BFCL per default model (reports/baseline/styles.md):
@@ -40,9 +41,9 @@ def load_method(
             artifact or DEFAULT_ARTIFACT, options=options, device=device, large_engine=engine, small_engine=small_engine or engine
         )
     if name != "direct":
-        raise ValueError(f"unknown method {name!r}; available: {', '.join(METHODS)}")
+        raise InputError(f"unknown method {name!r}; available: {', '.join(METHODS)}")
     if model is None:
-        raise ValueError("method 'direct' needs a model")
+        raise InputError("method 'direct' needs a model")
     from hyfunc.methods.direct import DirectMethod
     from hyfunc.models.engines import load_backend
 

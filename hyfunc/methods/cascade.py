@@ -18,7 +18,6 @@ An artifact directory (written by `hyfunc prepare`) holds what was trained::
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from dataclasses import asdict, dataclass
@@ -33,6 +32,7 @@ from hyfunc.cascade.retriever import Retriever
 from hyfunc.cascade.small_model import SmallPrompt, SoftTokenProjector, build_small_prompt, load_projector, prompt_embeds
 from hyfunc.cascade.soft_token import Encoding, LibraryCache, SoftTokenEncoder
 from hyfunc.cascade.templating import TemplateDecoder
+from hyfunc.errors import InputError
 from hyfunc.formats.calls import CallParseError, parse_calls
 from hyfunc.formats.schema import Tool
 from hyfunc.methods.base import Answer
@@ -77,7 +77,7 @@ class SharedLargePass:
 def _request_text(messages: Sequence[dict]) -> str:
     users = [m["content"] for m in messages if m.get("role") == "user"]
     if not users:
-        raise ValueError("the request has no user message")
+        raise InputError("the request has no user message")
     return users[-1]
 
 
@@ -109,6 +109,7 @@ class HyFuncMethod:
         self._small_prefix = PrefixCache(small)
         self.name = name
         self.shared_pass = shared_pass
+        self.artifact: Path | None = None  # the directory it was loaded from, if any
         self._library: LibraryCache | None = None
         self._per_function: PerFunctionLibrary | None = None
 
@@ -126,9 +127,11 @@ class HyFuncMethod:
     def variant(self, options: CascadeOptions, name: str) -> HyFuncMethod:
         """The same trained parts under other options (an ablation); both then share each
         request's large-model pass, so a side-by-side run pays for it once."""
-        return HyFuncMethod(
+        variant = HyFuncMethod(
             self.large, self.small, self.retriever, self.projector, options, name, self._shared_pass(), self.library_retriever
         )
+        variant.artifact = self.artifact
+        return variant
 
     @classmethod
     def load(
@@ -140,7 +143,7 @@ class HyFuncMethod:
         directory = Path(directory)
         manifest_path = directory / MANIFEST
         if not manifest_path.is_file():
-            raise FileNotFoundError(f"{directory}: no {MANIFEST}; not a prepared cascade (run `hyfunc prepare`)")
+            raise InputError(f"{directory}: no {MANIFEST}; not a prepared cascade (run `hyfunc prepare`)")
         manifest = json.loads(manifest_path.read_text())
         if large is None or large.name != manifest["large_model"] or large.engine != large_engine:
             large = load_backend(manifest["large_model"], large_engine, device=device)
@@ -150,9 +153,22 @@ class HyFuncMethod:
         retriever = Retriever.load(directory / "retriever")
         library_retriever = Retriever.load(directory / "library_retriever") if (directory / "library_retriever").is_dir() else None
         method = cls(large, small, retriever, projector, options, name=f"hyfunc:{directory.name}", library_retriever=library_retriever)
-        method.config["artifact"] = str(directory)
-        method.config["manifest_sha256"] = hashlib.sha256(manifest_path.read_bytes()).hexdigest()
+        method.artifact = directory
         return method
+
+    @property
+    def config(self) -> dict:
+        """What defines this cascade's answers, for run records (the artifact's own manifest, with
+        its training settings, is hashed into the records' provenance)."""
+        return {
+            "artifact": str(self.artifact) if self.artifact is not None else None,
+            "large_model": self.large.description,
+            "small_model": self.small.description,
+            "options": asdict(self.options),
+            "retriever": asdict(self.retriever.config),
+            "library_retriever": self.library_retriever is not None,
+            "max_prompt_tools": self.MAX_PROMPT_TOOLS,
+        }
 
     #: Libraries up to this many tools are read in one prompt (joint mode); larger ones per function.
     MAX_PROMPT_TOOLS = 128
@@ -170,7 +186,7 @@ class HyFuncMethod:
             self._library = self.encoder.build_library(tools)
             return
         if self.library_retriever is None:
-            raise ValueError(
+            raise InputError(
                 f"a library of {len(tools)} tools is read per function and needs a library retriever: "
                 "prepare the cascade with `hyfunc prepare --library <tools.jsonl>`"
             )

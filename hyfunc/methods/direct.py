@@ -11,9 +11,11 @@ from __future__ import annotations
 import re
 from typing import Literal, Sequence
 
+from hyfunc.errors import InputError
 from hyfunc.formats.bfcl import bfcl_prompt_messages
-from hyfunc.formats.calls import CallParseError, parse_calls, parse_python_calls
+from hyfunc.formats.calls import Call, CallParseError, parse_calls, parse_python_calls, to_bfcl_output
 from hyfunc.formats.schema import Tool
+from hyfunc.formats.validate import ArgumentError, argument_errors
 from hyfunc.methods.base import Answer
 from hyfunc.models.base import BackendBase, PrefixCache
 
@@ -54,9 +56,9 @@ class DirectMethod:
         """`prefix_caching` reuses the KV cache of the prompt prefix shared with the previous request
         (exact; with a fixed tool library, the library is read once)."""
         if style not in PROMPT_STYLES:
-            raise ValueError(f"unknown prompt style {style!r}; choose one of {PROMPT_STYLES}")
+            raise InputError(f"unknown prompt style {style!r}; choose one of {PROMPT_STYLES}")
         if style == "native" and "tools" not in (backend.tokenizer.chat_template or ""):
-            raise ValueError(f"model '{backend.name}' has no tool-calling chat template; use style='bfcl'")
+            raise InputError(f"model '{backend.name}' has no tool-calling chat template; use style='bfcl'")
         self.backend = backend
         self.style = style
         self.max_new_tokens = max_new_tokens
@@ -68,7 +70,23 @@ class DirectMethod:
             return self.backend.chat_prompt(bfcl_prompt_messages(messages, tools))
         return self.backend.chat_prompt(messages, tools=[tool.to_openai() for tool in tools])
 
+    @property
+    def config(self) -> dict:
+        """What defines this method's answers, for run records."""
+        return {"model": self.backend.name, "style": self.style, "max_new_tokens": self.max_new_tokens,
+                "prefix_caching": self.prefix_cache is not None, "validate": True}
+
     def answer(self, messages: Sequence[dict], tools: Sequence[Tool]) -> Answer:
+        """Prompt, decode greedily, parse the calls and check them against the tools' schemas.
+
+        Output that cannot be parsed, and parsed calls that do not fit the offered tools (an
+        unknown tool, a missing required argument, a value of the wrong type or outside its enum),
+        both leave `calls` empty and set `error`; the model's calls are then kept in
+        `details["invalid_calls"]`. All calls are dropped, not only the invalid ones: a caller
+        would execute what is left as if it were the whole answer. A BFCL run scores this answer
+        like an unparseable one (wrong on call categories; no call, so right, on irrelevance), as
+        it would any method that checks its calls before returning them.
+        """
         ids = self.backend.encode(self.prompt(messages, tools))
         stop = _python_answer_done if self.style == "bfcl" else None
         gen = self.backend.generate(ids=ids, max_new_tokens=self.max_new_tokens, stop=stop, prefix_cache=self.prefix_cache)
@@ -81,12 +99,27 @@ class DirectMethod:
             timings={"prefill": gen.prefill_seconds, "decode": gen.decode_seconds},
         )
         try:
-            answer.calls = self.parse(gen.text)
+            answer.calls = self.checked_calls(gen.text, tools)
         except CallParseError as err:
             answer.error = str(err)
+        except ArgumentError as err:
+            answer.error = f"calls that do not fit the tools' schemas: {err}"
+            answer.details["invalid_calls"] = err.calls
         return answer
 
-    def parse(self, text: str) -> list:
+    def checked_calls(self, text: str, tools: Sequence[Tool]) -> list[Call]:
+        """The calls in the model's `text`; raises CallParseError when it cannot be read, and
+        ArgumentError (with every problem, and the calls as JSON in `.calls`) when a call does
+        not fit the offered tools."""
+        calls = self.parse(text)
+        problems = [problem for call in calls for problem in argument_errors(call, tools)]
+        if problems:
+            error = ArgumentError(problems)
+            error.calls = to_bfcl_output(calls)
+            raise error
+        return calls
+
+    def parse(self, text: str) -> list[Call]:
         if self.style == "bfcl":
             stripped = _unfence(text)
             if stripped.startswith("["):

@@ -10,14 +10,32 @@ from typing import Any, Sequence
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
+from hyfunc.errors import InputError, SetupError
 from hyfunc.models.base import BackendBase, Generation, PrefixCache, StepOutput
-from hyfunc.models.registry import resolve_model
+from hyfunc.models.registry import ModelNotAvailable, resolve_model
 
 __all__ = ["Backend", "Generation", "PrefixCache", "StepOutput", "default_device", "default_dtype"]
 
 
 def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def resolve_device(name: str | None) -> torch.device:
+    """`name` ("cpu", "cuda", "cuda:1", ...; None: the default) as a device that exists here."""
+    if name is None:
+        return torch.device(default_device())
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise InputError(f"unknown device {name!r}; use cpu or cuda (cuda:N for one GPU)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SetupError(f"device {name!r}: no CUDA GPU is visible to torch here; use --device cpu")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise SetupError(f"device {name!r}: only {torch.cuda.device_count()} CUDA device(s) here")
+    if device.type not in ("cpu", "cuda"):
+        raise InputError(f"device {name!r}: hyfunc runs on cpu or cuda")
+    return device
 
 
 def _cpu_flags() -> set[str]:
@@ -37,11 +55,19 @@ def default_dtype(device: torch.device) -> torch.dtype:
     """
     if name := os.environ.get("HYFUNC_DTYPE"):
         if name not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"HYFUNC_DTYPE={name!r}: use float32, bfloat16 or float16")
+            raise InputError(f"HYFUNC_DTYPE={name!r}: use float32, bfloat16 or float16")
         return getattr(torch, name)
     if device.type == "cuda" or {"amx_bf16", "avx512_bf16"} & _cpu_flags():
         return torch.bfloat16
     return torch.float32
+
+
+def set_threads() -> None:
+    """Apply HYFUNC_THREADS (torch's intra-op threads), if set."""
+    if threads := os.environ.get("HYFUNC_THREADS"):
+        if not threads.isdigit() or int(threads) < 1:
+            raise InputError(f"HYFUNC_THREADS={threads!r}: use a positive number of threads")
+        torch.set_num_threads(int(threads))
 
 
 class Backend(BackendBase):
@@ -57,14 +83,17 @@ class Backend(BackendBase):
     ):
         """Load `name` (alias, local path or hub id), or wrap an already built `model`/`tokenizer`."""
         self.name = name
-        self.device = torch.device(device or default_device())
-        if threads := os.environ.get("HYFUNC_THREADS"):
-            torch.set_num_threads(int(threads))
+        self.device = resolve_device(device)
+        set_threads()
         if model is None:
             path = resolve_model(name)
             dtype = dtype or default_dtype(self.device)
-            tokenizer = AutoTokenizer.from_pretrained(path)
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+            try:
+                tokenizer = AutoTokenizer.from_pretrained(path)
+                model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+            except OSError as err:  # a hub id that is neither cached nor reachable, or broken files
+                first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                raise ModelNotAvailable(f"cannot load model {name!r}: {first_line}") from err
         if tokenizer is None:
             raise ValueError("a tokenizer is required when a model object is passed")
         self.model = model.to(self.device).eval()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import re
 import shutil
 import time
 from dataclasses import dataclass
@@ -22,6 +23,8 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from hyfunc.config import hyfunc_home
+from hyfunc.errors import SetupError
+from hyfunc.progress import steps
 
 
 @dataclass(frozen=True)
@@ -77,8 +80,8 @@ DEFAULT_LARGE = "qwen-coder-1.5b"
 DEFAULT_SMALL = "smollm2-135m"
 
 
-class ModelNotAvailable(RuntimeError):
-    pass
+class ModelNotAvailable(SetupError):
+    """A model that cannot be found or assembled here; the message says which and how to get it."""
 
 
 def _package_dir(module: str, spec: DefaultModel) -> Path:
@@ -169,8 +172,10 @@ def _materialize_default(spec: DefaultModel) -> Path:
     start = time.perf_counter()
     gguf = default_gguf(spec.alias)  # kept: the llama.cpp engine runs it as is
     assembled = time.perf_counter()
-    print(f"converting {spec.alias} to safetensors (once) ...", flush=True)
-    convert_gguf(gguf, out_dir)
+    # Dequantizing and saving take minutes with no unit of work to count: a ticking bar.
+    with steps(f"converting {spec.alias} to safetensors (once)", total=1) as progress:
+        progress.next("dequantize and save")
+        convert_gguf(gguf, out_dir)
     record = {
         "alias": spec.alias,
         "upstream": spec.upstream,
@@ -183,19 +188,48 @@ def _materialize_default(spec: DefaultModel) -> Path:
     return out_dir
 
 
-def resolve_model(name: str) -> str:
-    """Return something `from_pretrained` can load for `name` (see the module docstring)."""
+def check_model_name(name: str) -> str:
+    """What kind of name `name` is ("alias", "gguf", "directory" or "hub"), without loading or
+    converting anything; raises ModelNotAvailable for a name that cannot be any of them."""
     if name in DEFAULT_MODELS:
-        return str(_materialize_default(DEFAULT_MODELS[name]))
+        return "alias"
     path = Path(name).expanduser()
     if path.suffix == ".gguf" and path.is_file():
+        return "gguf"
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise ModelNotAvailable(f"'{name}' is a path but holds no config.json (not a saved Hugging Face model)")
+        return "directory"
+    if not looks_like_hub_id(name):
+        raise ModelNotAvailable(f"unknown model {name!r}: {MODEL_NAME_HELP}")
+    return "hub"
+
+
+def resolve_model(name: str) -> str:
+    """Return something `from_pretrained` can load for `name` (see the module docstring)."""
+    kind = check_model_name(name)
+    if kind == "alias":
+        return str(_materialize_default(DEFAULT_MODELS[name]))
+    path = Path(name).expanduser()
+    if kind == "gguf":
         digest = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]
         out_dir = hyfunc_home() / "models" / f"{path.stem}-{digest}"
         if not (out_dir / "config.json").is_file():
             convert_gguf(path, out_dir)
         return str(out_dir)
-    if path.exists():
-        if not (path / "config.json").is_file():
-            raise ModelNotAvailable(f"'{name}' is a path but holds no config.json (not a saved Hugging Face model)")
-        return str(path)
-    return name  # a Hugging Face model id
+    return str(path) if kind == "directory" else name  # a Hugging Face model id
+
+
+#: What a model name may be, for error messages.
+MODEL_NAME_HELP = (
+    f"not a default alias ({', '.join(DEFAULT_MODELS)}), an existing directory or .gguf file, "
+    "or a Hugging Face id (owner/name)"
+)
+
+
+def looks_like_hub_id(name: str) -> bool:
+    """`owner/name` as the hub spells ids. A name that reads as a path (./x, ../x, /x, ~/x, x.gguf)
+    is a missing file, not an id: saying so beats a network error about a repository."""
+    if name.startswith((".", "/", "~")) or name.endswith(".gguf"):
+        return False
+    return re.fullmatch(r"[\w.-]+/[\w.-]+", name) is not None

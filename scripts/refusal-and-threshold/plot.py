@@ -7,9 +7,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-OUT = Path(__file__).resolve().parent
+REPO = Path(__file__).resolve().parents[2]
+OUT = REPO / "reports" / "refusal-and-threshold"
 heads = json.loads((OUT / "heads.json").read_text())["heads"]
-end_to_end = json.loads((OUT.parents[1] / "hyfunc/data/cascade/retriever/manifest.json").read_text())["meta"]["metrics"]["end_to_end"]
+end_to_end = json.loads((REPO / "hyfunc/data/cascade/retriever/manifest.json").read_text())["meta"]["metrics"]["end_to_end"]
 fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8))
 categories = list(next(iter(heads.values()))["bfcl_refused_percent"])
 width = 0.8 / len(heads)

@@ -7,7 +7,10 @@ from hyfunc.cascade.data import load_examples, sample_by_pattern, split_examples
 from hyfunc.cascade.prepare import load_embeddings, retrieval_data
 from hyfunc.cascade.retriever import Retriever, train_refusal_head
 
-art = Path("artifacts/hyfunc-q05b")
+# The shipped cascade's training artifact (git-ignored: it holds the embedding caches). Rebuild it
+# with the `hyfunc prepare` command of reports/README.md ("The shipped cascade"), about an hour here.
+REPO = Path(__file__).resolve().parents[2]
+art = REPO / "artifacts" / "hyfunc-q05b"
 m = json.loads((art / "manifest.json").read_text())["config"]
 everything = load_examples(m["data"])
 examples = sample_by_pattern(everything, m["max_examples"], m["seed"])

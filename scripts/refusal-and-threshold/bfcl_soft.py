@@ -7,7 +7,8 @@ from hyfunc.models.backend import Backend
 from hyfunc.cascade.soft_token import SoftTokenEncoder
 import json
 from pathlib import Path
-OUT = Path(__file__).resolve().parent
+REPO = Path(__file__).resolve().parents[2]
+OUT = REPO / "reports" / "refusal-and-threshold"
 cats = ["simple_python","multiple","parallel","parallel_multiple","irrelevance","live_simple","live_multiple","live_parallel","live_parallel_multiple","live_irrelevance"]
 enc = SoftTokenEncoder(Backend("qwen-coder-1.5b"))
 ids, soft = [], []

@@ -8,8 +8,11 @@ from hyfunc.cascade.data import load_examples, sample_by_pattern, split_examples
 from hyfunc.cascade.prepare import load_embeddings, retrieval_data
 from hyfunc.cascade.retriever import Retriever, train_refusal_head, calibrate, evaluate
 
-art = Path("artifacts/hyfunc-q05b")
-OUT = Path(__file__).resolve().parent
+# The shipped cascade's training artifact (git-ignored: it holds the embedding caches). Rebuild it
+# with the `hyfunc prepare` command of reports/README.md ("The shipped cascade"), about an hour here.
+REPO = Path(__file__).resolve().parents[2]
+art = REPO / "artifacts" / "hyfunc-q05b"
+OUT = REPO / "reports" / "refusal-and-threshold"
 m = json.loads((art / "manifest.json").read_text())["config"]
 examples = sample_by_pattern(load_examples(m["data"]), m["max_examples"], m["seed"])
 train0, val0 = split_examples(examples, m["val_fraction"])

@@ -1,0 +1,131 @@
+"""What produced a report, recorded in every one of them (BFCL runs, the library and retrieval
+benchmarks): the code (git commit, dirty tree), the trained artifact (its manifest's sha256), the
+models (the GGUF sha256 the registry verifies for default models) and the machine (CPU, the flags
+that decide its speed, torch's dtype and threads). Numbers without these cannot be compared."""
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+
+from hyfunc.models.registry import DEFAULT_MODELS
+
+#: CPU flags that change the speed of transformers on a CPU (see models/backend.default_dtype):
+#: AVX2 vs AVX-512 for fp32 matmuls, native bf16 (AVX512-BF16, AMX) for the bf16 default.
+SPEED_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+
+_REPO = Path(__file__).resolve().parents[2]
+
+
+def git_state(repo: Path = _REPO) -> dict[str, Any]:
+    """{"commit", "dirty"}; both None where there is no git or no repository (an installed wheel)."""
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=20)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout if done.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    if commit is None:
+        return {"commit": None, "dirty": None}
+    # Untracked files do not change what ran; modified tracked files do.
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": commit.strip(), "dirty": bool(status.strip()) if status is not None else None}
+
+
+def cpu_info() -> dict[str, Any]:
+    """The CPU's name (from /proc/cpuinfo on Linux, where platform.processor() often says only
+    "x86_64"), its core count and which of SPEED_FLAGS it has (None where flags are unknown)."""
+    model, flags = None, None
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        text = ""
+    for line in text.splitlines():
+        key, _, value = (part.strip() for part in line.partition(":"))
+        if key == "model name" and model is None:
+            model = value
+        elif key == "flags" and flags is None:
+            flags = set(value.split())
+    return {
+        "model": model or platform.processor() or None,
+        "cores": os.cpu_count(),
+        "speed_flags": [f for f in SPEED_FLAGS if f in flags] if flags is not None else None,
+    }
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _backends(method: Any) -> dict[str, Any]:
+    """role -> loaded Backend of a method (the cascade's large and small model, direct's model)."""
+    found = {role: getattr(method, role, None) for role in ("large", "small", "backend")}
+    return {role: b for role, b in found.items() if b is not None}
+
+
+def model_record(backend: Any) -> dict[str, Any]:
+    spec = DEFAULT_MODELS.get(backend.name)
+    model = getattr(backend, "model", None)
+    return {
+        "name": backend.name,
+        # The registry checks the assembled GGUF against this value before converting it.
+        "gguf_sha256": spec.sha256 if spec is not None else None,
+        "upstream": spec.upstream if spec is not None else None,
+        "dtype": str(model.dtype).removeprefix("torch.") if model is not None else None,
+        "device": str(backend.device),
+    }
+
+
+def provenance(methods: Iterable[Any] = ()) -> dict[str, Any]:
+    """The provenance of a report made with `methods` (any objects; cascades and direct methods
+    contribute their artifact and models)."""
+    record: dict[str, Any] = {
+        "git": git_state(),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "cpu": cpu_info(),
+        "env": {k: os.environ[k] for k in ("HYFUNC_DTYPE", "HYFUNC_THREADS") if k in os.environ},
+        "artifacts": {},
+        "models": {},
+    }
+    for method in methods:
+        artifact = getattr(method, "artifact", None)
+        if artifact is not None and (Path(artifact) / "manifest.json").is_file():
+            record["artifacts"][str(artifact)] = {"manifest_sha256": file_sha256(Path(artifact) / "manifest.json")}
+        for role, backend in _backends(method).items():
+            record["models"].setdefault(backend.name, {**model_record(backend), "roles": []})["roles"].append(
+                f"{getattr(method, 'name', type(method).__name__)}:{role}"
+            )
+    return record
+
+
+def provenance_markdown(record: dict[str, Any] | None) -> str:
+    """One line for a report's markdown header."""
+    if not record:
+        return "Provenance: not recorded (a report from before provenance was kept)."
+    git = record.get("git", {})
+    commit = (git.get("commit") or "no git")[:10] + (" (dirty tree)" if git.get("dirty") else "")
+    cpu = record.get("cpu", {})
+    flags = ", ".join(cpu.get("speed_flags") or []) or "none of avx2/avx512"
+    models = "; ".join(
+        f"{name} {m.get('dtype')}" + (f" (GGUF sha256 {m['gguf_sha256'][:12]}…)" if m.get("gguf_sha256") else "")
+        for name, m in record.get("models", {}).items()
+    )
+    artifacts = "; ".join(f"{Path(path).name} manifest sha256 {a['manifest_sha256'][:12]}…" for path, a in record.get("artifacts", {}).items())
+    parts = [f"commit {commit}", f"{cpu.get('model')} × {cpu.get('cores')} cores ({flags}), torch {record.get('torch')} "
+             f"with {record.get('torch_threads')} threads"]
+    parts += [p for p in (models, artifacts) if p]
+    return "Provenance: " + "; ".join(parts) + "."
