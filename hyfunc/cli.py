@@ -199,7 +199,11 @@ def cmd_bench_library(args: argparse.Namespace) -> int:
     from hyfunc.eval.library import library_examples, run_library_benchmark, write_library_report
     from hyfunc.methods import load_method
 
-    check_loadable([args.model] if args.model else [], [args.artifact] if args.artifact else [], args.device)
+    models = [spec.partition("@")[0] for spec in args.with_direct or []]
+    for engine in [args.engine, args.small_engine] + [spec.partition("@")[2] for spec in args.with_direct or []]:
+        if engine:
+            check_engine(engine)
+    check_loadable(models, [args.artifact] if args.artifact else [], args.device)
     examples, tools = library_examples(args.data, args.requests, args.seed)
     with steps("loading models", total=2) as progress:
         progress.next("the cascade")

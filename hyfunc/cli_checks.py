@@ -16,6 +16,7 @@ from hyfunc.errors import InputError
 from hyfunc.formats.bfcl import canonical_category
 from hyfunc.formats.calls import render_python_calls, to_bfcl_output, to_openai_tool_calls
 from hyfunc.methods.base import Answer
+from hyfunc.models.engines import check_engine
 from hyfunc.models.registry import DEFAULT_LARGE, check_model_name
 
 #: The file that makes a directory a prepared cascade (hyfunc.methods.cascade.MANIFEST; not imported
@@ -33,7 +34,14 @@ _METHOD_ONLY = {
     "ablate": ("--ablate", "hyfunc", "direct prompting has no stages to switch off"),
     "ablations": ("--ablations", "hyfunc", "direct prompting has no stages to switch off"),
     "with_cascade": ("--with-cascade", "hyfunc", "the cascades share the main cascade's large model"),
+    "small_engine": ("--small-engine", "hyfunc", "direct prompting has no small model"),
 }
+
+
+def _split_engines(spec: str) -> tuple[str, list[str]]:
+    """"name@engine" or "artifact@large,small" -> (name, [engines]) with each engine checked."""
+    name, _, engines = spec.partition("@")
+    return name, [check_engine(e) for e in engines.split(",")] if engines else []
 
 
 def check_method_options(args: argparse.Namespace) -> None:
@@ -44,11 +52,12 @@ def check_method_options(args: argparse.Namespace) -> None:
             raise InputError(f"{flag} applies to --method {method} only ({why}); drop it or use --method {method}")
     models = [args.model or DEFAULT_LARGE] if args.method == "direct" else []
     artifacts = [args.artifact] if args.method == "hyfunc" and args.artifact else []
-    check_loadable(
-        models + list(getattr(args, "with_direct", None) or []),
-        artifacts + list(getattr(args, "with_cascade", None) or []),
-        getattr(args, "device", None),
-    )
+    models += [_split_engines(spec)[0] for spec in getattr(args, "with_direct", None) or []]
+    for spec in getattr(args, "with_cascade", None) or []:
+        artifact = _split_engines(spec)[0]
+        if artifact != "shipped":  # the shipped cascade is always there
+            artifacts.append(artifact)
+    check_loadable(models, artifacts, getattr(args, "device", None))
 
 
 def check_loadable(models: Sequence[str], artifacts: Sequence[str], device: str | None) -> None:

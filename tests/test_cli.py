@@ -150,7 +150,7 @@ def test_missing_artifact_directory_is_a_clear_error(tmp_path, capsys):
 def test_unknown_baseline_model_is_refused_before_the_cascade_loads(capsys):
     code, err = run(capsys, "eval", "bfcl", "--with-direct", "qwen-coder-1.5b", "qwen-coder-05b", "--categories", "multiple")
     assert code == 2 and "unknown model 'qwen-coder-05b'" in err
-    code, err = run(capsys, "bench", "library", "--model", "qwen-15b", "--data", str(EXAMPLES / "train.jsonl"))
+    code, err = run(capsys, "bench", "library", "--with-direct", "qwen-15b", "--data", str(EXAMPLES / "train.jsonl"))
     assert code == 2 and "unknown model 'qwen-15b'" in err
 
 

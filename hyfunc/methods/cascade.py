@@ -99,10 +99,6 @@ class HyFuncMethod:
         self.library_retriever = library_retriever
         self.projector = projector.to(small.device).eval() if projector is not None else None
         self.options = options or CascadeOptions()
-        # What a report records about this method (`run_metadata`).
-        self.config: dict = {
-            "large": f"{large.name} ({large.engine})", "small": f"{small.name} ({small.engine})", "options": asdict(self.options),
-        }
         if self.options.soft_token and self.projector is None:
             raise ValueError("the soft-token prefix needs a trained projector")
         self.decoder = TemplateDecoder(small)

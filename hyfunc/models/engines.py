@@ -5,13 +5,14 @@ from pathlib import Path
 
 import torch
 
+from hyfunc.errors import InputError
 from hyfunc.models.base import BackendBase
 
 ENGINES: tuple[str, ...] = ("transformers", "llamacpp")
 DEFAULT_ENGINE = "transformers"
 
 
-class EngineError(ValueError):
+class EngineError(InputError):
     """An unknown engine, or one that cannot run here."""
 
 
