@@ -158,8 +158,9 @@ class HyFuncMethod:
         its training settings, is hashed into the records' provenance)."""
         return {
             "artifact": str(self.artifact) if self.artifact is not None else None,
-            "large_model": self.large.description,
-            "small_model": self.small.description,
+            "large_model": self.large.name,
+            "small_model": self.small.name,
+            "engines": {"large": self.large.description, "small": self.small.description},
             "options": asdict(self.options),
             "retriever": asdict(self.retriever.config),
             "library_retriever": self.library_retriever is not None,
