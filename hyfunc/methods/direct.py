@@ -9,12 +9,12 @@ Two prompting styles:
 from __future__ import annotations
 
 import re
-from typing import Literal, Sequence
+from typing import Callable, Literal, Sequence
 
 from hyfunc.formats.bfcl import bfcl_prompt_messages
 from hyfunc.formats.calls import CallParseError, parse_calls, parse_python_calls
 from hyfunc.formats.schema import Tool
-from hyfunc.methods.base import Answer
+from hyfunc.methods.base import Answer, calls_text
 from hyfunc.models.base import BackendBase, PrefixCache
 
 PromptStyle = Literal["bfcl", "native"]
@@ -68,7 +68,11 @@ class DirectMethod:
             return self.backend.chat_prompt(bfcl_prompt_messages(messages, tools))
         return self.backend.chat_prompt(messages, tools=[tool.to_openai() for tool in tools])
 
-    def answer(self, messages: Sequence[dict], tools: Sequence[Tool]) -> Answer:
+    def answer(
+        self, messages: Sequence[dict], tools: Sequence[Tool], on_text: Callable[[str], None] | None = None
+    ) -> Answer:
+        """`on_text` (optional) receives `calls_text(answer.calls)` once the answer is parsed: the
+        model writes python calls or free text, which cannot be streamed as JSON calls piecewise."""
         ids = self.backend.encode(self.prompt(messages, tools))
         stop = _python_answer_done if self.style == "bfcl" else None
         gen = self.backend.generate(ids=ids, max_new_tokens=self.max_new_tokens, stop=stop, prefix_cache=self.prefix_cache)
@@ -84,6 +88,8 @@ class DirectMethod:
             answer.calls = self.parse(gen.text)
         except CallParseError as err:
             answer.error = str(err)
+        if on_text is not None:
+            on_text(calls_text(answer.calls))
         return answer
 
     def parse(self, text: str) -> list:
