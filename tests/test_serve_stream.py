@@ -163,3 +163,16 @@ def test_a_streamed_text_reply_equals_the_plain_one_and_reuses_the_last_prompt(c
     assert streamed.choices[0].message.content == plain["choices"][0]["message"]["content"]
     # The same prompt again: all of it but its last token comes from the text replies' prefix cache.
     assert cached() - before >= plain["usage"]["prompt_tokens"] - 1
+
+
+def test_a_method_without_on_text_streams_its_calls_when_done() -> None:
+    from tests.serve_app import Slow
+
+    # Slow.answer(messages, tools) is the Method protocol without the streaming keyword.
+    client = TestClient(create_app(Slow(tiny_cascade(), 0), ServeConfig(context_tokens=4096, default_max_tokens=4)))
+    plain = _post(client, messages=ASK, tools=TOOLS).json()
+    streamed, chunks, _ = _stream(client, messages=ASK, tools=TOOLS)
+    calls = [(c["function"]["name"], c["function"]["arguments"]) for c in plain["choices"][0]["message"]["tool_calls"]]
+    assert calls and calls == [(c.function.name, c.function.arguments) for c in streamed.choices[0].message.tool_calls]
+    fragments = [d for c in chunks if c["choices"] for d in c["choices"][0]["delta"].get("tool_calls") or [] if "id" not in d]
+    assert len(fragments) == len(calls)  # each call's arguments in one piece, once the answer is known
