@@ -25,7 +25,8 @@ from tests.tiny_models import tiny_backend
 SMALL_HIDDEN, LARGE_HIDDEN = 32, 48
 
 
-def tiny_cascade(refuse: bool = False) -> Any:
+def tiny_cascade(refuse: bool = False, library: bool = False) -> Any:
+    """`library`: with a library retriever, so that libraries over 128 tools are read per function."""
     from hyfunc.methods.cascade import HyFuncMethod
     from hyfunc.cascade.retriever import Retriever, RetrieverConfig
     from hyfunc.cascade.small_model import SoftTokenProjector
@@ -37,7 +38,13 @@ def tiny_cascade(refuse: bool = False) -> Any:
     config = RetrieverConfig(query_dim=LARGE_HIDDEN, function_dim=LARGE_HIDDEN, proj_dim=8, threshold=-1.0, top_k=3,
                              refusal_threshold=2.0 if refuse else -1.0)
     projector = SoftTokenProjector(LARGE_HIDDEN, SMALL_HIDDEN)
-    return HyFuncMethod(tiny_backend(LARGE_HIDDEN, seed=1), tiny_backend(SMALL_HIDDEN, seed=2), Retriever(config).eval(), projector)
+    library_retriever = None
+    if library:  # a BM25 part as the shipped one has; per-sentence queries
+        library_config = RetrieverConfig(query_dim=LARGE_HIDDEN, function_dim=LARGE_HIDDEN, proj_dim=8, threshold=-1.0,
+                                         top_k=3, lexical_weight=0.5, per_sentence=True)
+        library_retriever = Retriever(library_config).eval()
+    return HyFuncMethod(tiny_backend(LARGE_HIDDEN, seed=1), tiny_backend(SMALL_HIDDEN, seed=2), Retriever(config).eval(), projector,
+                        library_retriever=library_retriever)
 
 
 class Slow:

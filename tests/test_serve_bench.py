@@ -20,4 +20,6 @@ def test_bench_serve_reports_each_level(tmp_path: Path) -> None:
     assert report["tools"] == 3 and [s["concurrency"] for s in report["summaries"]] == [1, 2]
     for summary in report["summaries"]:
         assert summary["ok"] == 4 and summary["errors"] == 0 and summary["ttft_p50_s"] > 0
+        # the tiny cascade always calls: its arguments stream before the answer is complete
+        assert 0 < summary["first_argument_over_p50"] < 1
     assert "| server |" in (tmp_path / "out" / "serve.md").read_text()

@@ -10,6 +10,7 @@ import sys
 
 import openai
 import pytest
+from openai.lib.streaming.chat import ChatCompletionStreamState
 
 from tests.serve_process import running_server
 from tests.test_serve_sdk import ASK, PARAMS, TOOLS
@@ -46,3 +47,13 @@ def test_the_shipped_cascade_answers_the_readme_request() -> None:
         (call,) = done.choices[0].message.tool_calls
         assert call.function.name == "get_weather" and json.loads(call.function.arguments)["city"] == "Paris"
         assert done.choices[0].finish_reason == "tool_calls"
+        # Streamed: the arguments arrive in pieces as the templating decoder writes them, and add up
+        # to the same call (the library state is cached by now on both requests' side).
+        state = ChatCompletionStreamState()
+        fragments = 0
+        for chunk in client.chat.completions.create(model="hyfunc", messages=ASK, tools=TOOLS, stream=True):
+            state.handle_chunk(chunk)
+            fragments += sum(1 for d in (chunk.choices[0].delta.tool_calls or []) if d.id is None) if chunk.choices else 0
+        (streamed,) = state.current_completion_snapshot.choices[0].message.tool_calls
+        assert (streamed.function.name, streamed.function.arguments) == (call.function.name, call.function.arguments)
+        assert fragments >= 2

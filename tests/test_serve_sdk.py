@@ -139,7 +139,9 @@ def test_stream_is_server_sent_events_ending_with_done(server: str) -> None:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         assert r.headers["x-hyfunc-path"] == "cascade"
         lines = [line for line in r.iter_lines() if line]
-    assert all(line.startswith("data: ") for line in lines) and lines[-1] == "data: [DONE]"
+    # data lines, and one comment line (ignored by clients) with the stage timings before [DONE]
+    assert all(line.startswith("data: ") for line in lines[:-2]) and lines[-1] == "data: [DONE]"
+    assert lines[-2].startswith(": server-timing ") and "small_decode;dur=" in lines[-2]
 
 
 def test_a_conversation_with_a_tool_result(client: openai.OpenAI) -> None:

@@ -1,5 +1,5 @@
-"""The server's parts in process: stream rendering, conversations, the traffic-log slot, the
-router slot, loading, the tool-library cache (tiny random models; no server process)."""
+"""The server's parts in process: conversations, the traffic-log slot, the router slot, loading,
+the tool-library cache (tiny random models; no server process). Streaming: test_serve_stream.py."""
 from __future__ import annotations
 
 import copy
@@ -9,48 +9,15 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from openai.lib.streaming.chat import ChatCompletionStreamState
-from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from hyfunc.routing.record import ServedRequest
 from hyfunc.serving import ServeConfig, create_app
 from hyfunc.serving.conversation import read_conversation
 from hyfunc.serving.protocol import ChatCompletionRequest
-from hyfunc.serving.service import Outcome
-from hyfunc.serving.streaming import ChunkWriter, argument_fragments, completion_body
 from tests.serve_app import tiny_cascade
 from tests.test_serve_sdk import ASK, TOOLS
 
 CONFIG = dict(context_tokens=4096, default_max_tokens=4)
-
-
-def _outcome(**kwargs: Any) -> Outcome:
-    base = dict(request_id="chatcmpl-1", created=1, model="hyfunc", path="cascade", tool_calls=[], text=None,
-                finish_reason="tool_calls", prompt_tokens=10, completion_tokens=5, timings={})
-    return Outcome(**{**base, **kwargs})
-
-
-def test_parallel_calls_and_empty_arguments_stream_back_to_the_same_message() -> None:
-    calls = [
-        {"id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Par\\"is", "n": [1, {"k": "}"}]}'}},
-        {"id": "call_b", "type": "function", "function": {"name": "ping", "arguments": "{}"}},
-        {"id": "call_c", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Berlin"}'}},
-    ]
-    outcome = _outcome(tool_calls=calls)
-    writer = ChunkWriter("chatcmpl-1", 1, "hyfunc")
-    state = ChatCompletionStreamState()
-    for chunk in [writer.role(), *writer.calls(calls), writer.finish(outcome), writer.usage(outcome)]:
-        state.handle_chunk(ChatCompletionChunk.model_validate(chunk))
-    assembled = state.current_completion_snapshot
-    expected = ChatCompletion.model_validate(completion_body(outcome))
-    assert [(c.id, c.function.name, c.function.arguments) for c in assembled.choices[0].message.tool_calls] == [
-        (c.id, c.function.name, c.function.arguments) for c in expected.choices[0].message.tool_calls]
-    assert assembled.choices[0].finish_reason == "tool_calls" and assembled.usage == expected.usage
-
-
-@pytest.mark.parametrize("arguments", ["{}", '{"a": "x\\"y", "b": 1.5e3, "c": [true, null]}', '{"é": "ü\\\\"}'])
-def test_argument_fragments_concatenate_back(arguments: str) -> None:
-    assert "".join(argument_fragments(arguments)) == arguments
 
 
 def _conversation(messages: list[dict]) -> Any:
@@ -172,3 +139,37 @@ def test_same_tools_in_any_key_order_share_the_library_state(cascade: Any) -> No
     _ask(client, tools=TOOLS[:2])  # another library evicts the first (one entry)
     _ask(client, tools=TOOLS)
     assert _metric(client, "hyfunc:library_cache_misses_total") == 3 and _metric(client, "hyfunc:library_cache_entries") == 1
+
+
+def _many_tools(n: int) -> list[dict]:
+    return [{"type": "function", "function": {
+        "name": f"tool_{i}", "description": f"Look up record number {i} of the archive",
+        "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}}}
+        for i in range(n)]
+
+
+def test_a_library_over_128_tools_is_read_per_function(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    from hyfunc.methods.direct import DirectMethod
+
+    monkeypatch.setenv("HYFUNC_HOME", str(tmp_path))  # where the per-function embeddings are cached
+    cascade = tiny_cascade(library=True)
+    tools = TOOLS + _many_tools(130)
+    offered = {t["function"]["name"] for t in tools}
+    client = TestClient(create_app(cascade, ServeConfig(**CONFIG)))
+    first, again = _ask(client, tools=tools), _ask(client, tools=tools)
+    assert first.status_code == again.status_code == 200, first.text
+    assert "library_build" in first.headers["server-timing"] and "library_build" not in again.headers["server-timing"]
+    calls = first.json()["choices"][0]["message"]["tool_calls"]
+    assert calls and {c["function"]["name"] for c in calls} <= offered
+    state = cascade.library_state()
+    assert state.joint is None and len(state.per_function.tools) == len(tools)
+    assert _ask(client, tools=tools, tool_choice="required").status_code == 200
+    # Bounded by max_tools; paths that read every tool in one prompt refuse such a library.
+    too_many = _ask(TestClient(create_app(cascade, ServeConfig(**{**CONFIG, "max_tools": 100}))), tools=tools)
+    assert too_many.status_code == 400 and too_many.json()["error"]["code"] == "too_many_tools"
+    direct = TestClient(create_app({"direct": DirectMethod(cascade.small, max_new_tokens=4)}, ServeConfig(**CONFIG)))
+    refused = _ask(direct, tools=tools)
+    assert refused.status_code == 400 and "per function" in refused.json()["error"]["message"]
+    joint_only = TestClient(create_app(tiny_cascade(), ServeConfig(**CONFIG)))
+    assert _ask(joint_only, tools=tools).json()["error"]["code"] == "too_many_tools"
+    assert _ask(joint_only, tools=tools, tool_choice="none").status_code == 200  # a text reply reads no tool

@@ -1,8 +1,10 @@
 """The contract every method (direct prompting, the cascade, the router) fulfils."""
 from __future__ import annotations
 
+import inspect
+import json
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 from hyfunc.formats.calls import Call
 from hyfunc.formats.schema import Tool
@@ -38,8 +40,38 @@ class Answer:
 
 
 class Method(Protocol):
+    """A method may also accept a keyword `on_text` in `answer` (the cascade and direct prompting
+    do): a callback that receives `calls_text(answer.calls)` in pieces, in order, each piece final
+    (never taken back) as soon as it is known; a server streams the calls from it. Use
+    `answer_streaming` to call any method that way."""
+
     name: str
 
     def answer(self, messages: Sequence[dict], tools: Sequence[Tool]) -> Answer:
         """Answer one request given as chat messages ({"role", "content"}) and the offered tools."""
         ...
+
+
+def calls_text(calls: Sequence[Call]) -> str:
+    """The call list as the templating decoder writes it: ``[{"name": ..., "arguments": {...}}]``
+    (`json.dumps`, default separators, non-ASCII kept)."""
+    return json.dumps([{"name": c.name, "arguments": c.arguments} for c in calls], ensure_ascii=False)
+
+
+def streams_text(method: object) -> bool:
+    """Whether `method.answer` takes the `on_text` keyword."""
+    try:
+        return "on_text" in inspect.signature(method.answer).parameters  # type: ignore[attr-defined]
+    except (TypeError, ValueError):
+        return False
+
+
+def answer_streaming(
+    method: Method, messages: Sequence[dict], tools: Sequence[Tool], on_text: Callable[[str], None]
+) -> Answer:
+    """`method.answer` with `on_text`; a method without it gets its calls' text at the end."""
+    if streams_text(method):
+        return method.answer(messages, tools, on_text=on_text)  # type: ignore[call-arg]
+    answer = method.answer(messages, tools)
+    on_text(calls_text(answer.calls))
+    return answer

@@ -22,7 +22,7 @@ import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -35,7 +35,7 @@ from hyfunc.cascade.templating import TemplateDecoder
 from hyfunc.errors import InputError
 from hyfunc.formats.calls import CallParseError, parse_calls
 from hyfunc.formats.schema import Tool
-from hyfunc.methods.base import Answer
+from hyfunc.methods.base import Answer, calls_text
 from hyfunc.models.base import BackendBase, PrefixCache, StepOutput
 from hyfunc.models.engines import load_backend
 
@@ -52,6 +52,18 @@ class CascadeOptions:
     soft_token: bool = True  # insert the projected soft token into the small model's prompt
     retriever: bool = True  # False: the small model sees every offered tool
     templating: bool = True  # False: free greedy decoding of the call text, then parsed
+
+
+@dataclass
+class LibraryState:
+    """What `HyFuncMethod.use_library` computed for one tool library: the large model's KV cache of
+    [instruction + tools] and the function embeddings (joint mode), or the per-function embeddings
+    and lexical index (per-function mode). A server keeps several and swaps them in with
+    `set_library_state`; treat it as opaque."""
+
+    tools: list[Tool]
+    joint: LibraryCache | None = None
+    per_function: PerFunctionLibrary | None = None
 
 
 class SharedLargePass:
@@ -170,6 +182,27 @@ class HyFuncMethod:
     #: Libraries up to this many tools are read in one prompt (joint mode); larger ones per function.
     MAX_PROMPT_TOOLS = 128
 
+    def library_mode(self, n_tools: int) -> str | None:
+        """How a library of `n_tools` is read: "joint" (one prompt), "per_function" (needs the
+        artifact's library retriever), or None when this cascade cannot read it."""
+        if n_tools <= self.MAX_PROMPT_TOOLS:
+            return "joint"
+        return "per_function" if self.library_retriever is not None else None
+
+    def library_state(self) -> LibraryState | None:
+        """The library fixed by the last `use_library` (or `set_library_state`), None if none."""
+        if self._library is not None:
+            return LibraryState(list(self._library.tools), joint=self._library)
+        if self._per_function is not None:
+            return LibraryState(list(self._per_function.tools), per_function=self._per_function)
+        return None
+
+    def set_library_state(self, state: LibraryState | None) -> None:
+        """Fix the library `state` (from `library_state`, on the same loaded models) without
+        computing anything; None: no fixed library."""
+        self._library = state.joint if state is not None else None
+        self._per_function = state.per_function if state is not None else None
+
     def use_library(self, tools: Sequence[Tool]) -> None:
         """Fix the tool library (the server case). Up to MAX_PROMPT_TOOLS tools, the KV cache of
         [instruction + tools] is computed once and each request runs only its own tokens. A larger
@@ -214,7 +247,11 @@ class HyFuncMethod:
         rest = embeds[len(prompt.before_ids):]
         return (self.small.forward(embeds=rest, cache=step.cache) if len(rest) else step), reused
 
-    def answer(self, messages: Sequence[dict], tools: Sequence[Tool]) -> Answer:
+    def answer(
+        self, messages: Sequence[dict], tools: Sequence[Tool], on_text: Callable[[str], None] | None = None
+    ) -> Answer:
+        """`on_text` (optional): receives the call list as JSON text in pieces, each as soon as
+        the templating decoder has written it for good (see `methods.base.calls_text`)."""
         timings: dict[str, float] = {}
         per_function = self._per_function if self._per_function is not None and self._per_function.tools == list(tools) else None
         encoding, reused, retriever = self._encode(messages, tools, per_function)
@@ -248,6 +285,8 @@ class HyFuncMethod:
             },
         )
         if not selected:
+            if on_text is not None:
+                on_text(calls_text([]))
             return answer  # no tool fits: the small model is not run
 
         start = time.perf_counter()
@@ -264,7 +303,7 @@ class HyFuncMethod:
             # "No tool fits" is the retriever's decision: once it has selected tools, the small
             # model writes at least one call (left to choose, it refused far too often).
             out = self.decoder.decode(
-                step, selected, require_call=self.options.retriever, draft_source=request
+                step, selected, require_call=self.options.retriever, draft_source=request, on_text=on_text
             )
             timings["small_decode"] = time.perf_counter() - start
             answer.calls, answer.raw_text = out.calls, out.text
@@ -280,4 +319,6 @@ class HyFuncMethod:
             answer.calls = parse_calls(gen.text)
         except CallParseError as err:
             answer.error = str(err)
+        if on_text is not None:
+            on_text(calls_text(answer.calls))
         return answer

@@ -9,14 +9,14 @@ Two prompting styles:
 from __future__ import annotations
 
 import re
-from typing import Literal, Sequence
+from typing import Callable, Literal, Sequence
 
 from hyfunc.errors import InputError
 from hyfunc.formats.bfcl import bfcl_prompt_messages
 from hyfunc.formats.calls import Call, CallParseError, parse_calls, parse_python_calls, to_bfcl_output
 from hyfunc.formats.schema import Tool
 from hyfunc.formats.validate import ArgumentError, argument_errors
-from hyfunc.methods.base import Answer
+from hyfunc.methods.base import Answer, calls_text
 from hyfunc.models.base import BackendBase, PrefixCache
 
 PromptStyle = Literal["bfcl", "native"]
@@ -76,7 +76,9 @@ class DirectMethod:
         return {"model": self.backend.name, "style": self.style, "max_new_tokens": self.max_new_tokens,
                 "prefix_caching": self.prefix_cache is not None, "validate": True}
 
-    def answer(self, messages: Sequence[dict], tools: Sequence[Tool]) -> Answer:
+    def answer(
+        self, messages: Sequence[dict], tools: Sequence[Tool], on_text: Callable[[str], None] | None = None
+    ) -> Answer:
         """Prompt, decode greedily, parse the calls and check them against the tools' schemas.
 
         Output that cannot be parsed, and parsed calls that do not fit the offered tools (an
@@ -85,7 +87,9 @@ class DirectMethod:
         `details["invalid_calls"]`. All calls are dropped, not only the invalid ones: a caller
         would execute what is left as if it were the whole answer. A BFCL run scores this answer
         like an unparseable one (wrong on call categories; no call, so right, on irrelevance), as
-        it would any method that checks its calls before returning them.
+        it would any method that checks its calls before returning them. `on_text` (optional)
+        receives `calls_text(answer.calls)` once the answer is checked: the model writes python calls
+        or free text, which cannot be streamed as JSON calls piecewise.
         """
         ids = self.backend.encode(self.prompt(messages, tools))
         stop = _python_answer_done if self.style == "bfcl" else None
@@ -105,6 +109,8 @@ class DirectMethod:
         except ArgumentError as err:
             answer.error = f"calls that do not fit the tools' schemas: {err}"
             answer.details["invalid_calls"] = err.calls
+        if on_text is not None:
+            on_text(calls_text(answer.calls))
         return answer
 
     def checked_calls(self, text: str, tools: Sequence[Tool]) -> list[Call]:

@@ -6,6 +6,11 @@ FastAPI's 422) -> `ChatService.prepare` (model 404, tool schemas, tool_choice, c
 router -> the bounded queue (429 with Retry-After at once when full) -> `ChatService.answer` on
 the model thread -> the same `Outcome` rendered as JSON or as server-sent events.
 
+A streamed response sends the calls and a text reply as they are written; its stage timings,
+which a header cannot carry (the headers leave first), follow the last chunk as an SSE comment
+line (``: server-timing large_prefill;dur=12.3, ...``), which SSE clients, the openai SDK's
+included, skip.
+
 The body is parsed by hand rather than by a FastAPI body parameter so that every failure gets
 OpenAI's error envelope and status; the OpenAPI schema still describes it (`openapi_extra`).
 """
@@ -31,7 +36,7 @@ from hyfunc.serving.errors import APIError, bad_request, from_validation
 from hyfunc.serving.metrics import ServerMetrics
 from hyfunc.serving.protocol import ChatCompletion, ChatCompletionRequest, ErrorResponse, Health, ModelList
 from hyfunc.serving.service import ChatService, Outcome, Prepared, Router, ServeConfig, path_name
-from hyfunc.serving.streaming import DONE, ChunkWriter, completion_body, sse
+from hyfunc.serving.streaming import DONE, ChunkWriter, completion_body, sse, sse_comment
 from hyfunc.serving.worker import Cancelled, ModelWorker, QueueFull
 
 log = logging.getLogger("hyfunc.serving")
@@ -68,7 +73,14 @@ class _State:
             log.exception("loading the models failed")
             self.status, self.detail = "failed", f"{type(err).__name__}: {err}"
 
+    def health(self) -> tuple[str, str | None]:
+        if self.service is not None and self.service.failure is not None:
+            return "failed", f"a model failed: {self.service.failure}"
+        return self.status, self.detail
+
     def ready(self) -> ChatService:
+        if self.service is not None and self.service.failure is not None:
+            raise APIError(503, f"the models failed ({self.service.failure}); restart the server", code="model_failed")
         if self.service is None:
             message = "the models are still loading" if self.status == "loading" else f"the models failed to load: {self.detail}"
             raise APIError(503, message, code="model_not_ready", headers={"Retry-After": "5"})
@@ -148,10 +160,21 @@ def _parse(body: bytes) -> ChatCompletionRequest:
         raise from_validation(err) from None
 
 
-def _timing_headers(outcome: Outcome) -> dict[str, str]:
+def _server_timing(outcome: Outcome) -> str:
     # Server-Timing is the standard header for stage timings (milliseconds); browsers show it.
-    timing = ", ".join(f"{stage};dur={seconds * 1000:.1f}" for stage, seconds in outcome.timings.items())
+    return ", ".join(f"{stage};dur={seconds * 1000:.1f}" for stage, seconds in outcome.timings.items())
+
+
+def _timing_headers(outcome: Outcome) -> dict[str, str]:
+    timing = _server_timing(outcome)
     return {"server-timing": timing} if timing else {}
+
+
+def _failed(err: BaseException) -> APIError:
+    """What the client hears when answering failed: the service's own refusal, or a 500."""
+    if isinstance(err, APIError):
+        return err
+    return APIError(500, f"the model failed: {type(err).__name__}", code="model_error")
 
 
 def _chat_openapi() -> dict[str, Any]:
@@ -223,6 +246,10 @@ def create_app(
             raise APIError(504, f"the request took longer than the time limit of {config.request_timeout:g} s", code="timeout") from None
         except Cancelled:
             return Response(status_code=499)  # the client is gone; nobody reads this
+        except Exception as err:  # noqa: BLE001 - in OpenAI's envelope, never a bare 500
+            if not isinstance(err, APIError):
+                log.exception("request %s failed", prepared.request_id)
+            raise _failed(err) from None
         metrics.e2e.labels(path=path).observe(time.perf_counter() - arrived)
         return JSONResponse(completion_body(outcome), headers={**headers, **_timing_headers(outcome)})
 
@@ -230,9 +257,10 @@ def create_app(
         try:
             return state.worker.submit(fn, config.request_timeout)
         except QueueFull:
+            wait = state.worker.retry_after()
             raise APIError(
-                429, f"the server is busy: {config.max_queue} requests are already waiting; retry later",
-                code="queue_full", headers={"Retry-After": "1"},
+                429, f"the server is busy: {config.max_queue} requests are already waiting; retry in {wait} s",
+                code="queue_full", headers={"Retry-After": str(wait)},
             ) from None
 
     def _stream(service: ChatService, prepared: Prepared, path: str, headers: dict, arrived: float, request: Request) -> Response:
@@ -240,13 +268,20 @@ def create_app(
         events: asyncio.Queue = asyncio.Queue()
 
         def post(kind: str, value: Any) -> None:
-            loop.call_soon_threadsafe(events.put_nowait, (kind, value))
+            try:
+                loop.call_soon_threadsafe(events.put_nowait, (kind, value))
+            except RuntimeError:  # the event loop has closed (shutdown): nobody reads this any more
+                pass
 
         def work(job: Any) -> None:
             try:
-                post("done", service.answer(prepared, path, lambda delta: post("text", delta), job.should_stop))
+                outcome = service.answer(
+                    prepared, path, lambda delta: post("text", delta), job.should_stop, lambda delta: post("call", delta)
+                )
+                post("done", outcome)
             except Exception as err:  # noqa: BLE001 - sent to the client as an error event
-                log.exception("streamed request %s failed", prepared.request_id)
+                if not isinstance(err, APIError):
+                    log.exception("streamed request %s failed", prepared.request_id)
                 post("error", err)
 
         job = _submit(work)  # before the response starts: a full queue is still a plain 429
@@ -276,19 +311,22 @@ def create_app(
                     if kind == "text":
                         first_token()
                         yield sse(writer.text(value))
+                    elif kind == "call":
+                        first_token()
+                        yield sse(writer.tool_call(value))
                     elif kind == "error":
-                        yield sse(APIError(500, f"the model failed: {type(value).__name__}", code="model_error").body())
+                        yield sse(_failed(value).body())
                         yield DONE
                         return
                     else:
                         break
                 outcome: Outcome = value
-                for chunk in writer.calls(outcome.tool_calls):
-                    first_token()
-                    yield sse(chunk)
                 yield sse(writer.finish(outcome))
                 if include_usage:
                     yield sse(writer.usage(outcome))
+                timing = _server_timing(outcome)
+                if timing:
+                    yield sse_comment(f"server-timing {timing}")
                 yield DONE
                 finished = True
                 metrics.e2e.labels(path=path).observe(time.perf_counter() - arrived)
@@ -306,7 +344,8 @@ def create_app(
 
     @app.get("/health", response_model=Health, responses={503: {"model": Health}})
     async def health() -> JSONResponse:
-        return JSONResponse({"status": state.status, "detail": state.detail}, status_code=200 if state.status == "ok" else 503)
+        status, detail = state.health()
+        return JSONResponse({"status": status, "detail": detail}, status_code=200 if status == "ok" else 503)
 
     @app.get("/metrics", response_class=Response)
     async def prometheus() -> Response:

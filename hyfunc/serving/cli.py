@@ -34,7 +34,11 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     serve.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024, help="larger bodies get 413")
     serve.add_argument("--request-timeout", type=float, default=300.0, help="seconds per request, queue included; then 504")
     serve.add_argument("--max-tokens", type=int, default=2048, help="cap on a text reply's max_tokens")
-    serve.add_argument("--max-tools", type=int, default=128, help="most tools per request; more get 400")
+    serve.add_argument(
+        "--max-tools", type=int, default=10_000,
+        help="most tools per request; more get 400. Over 128 a library is read per function (the cascade "
+        "with a library retriever; the first request with it embeds every tool, cached on disk)",
+    )
     serve.add_argument(
         "--library-cache", type=int, default=8,
         help="tool libraries whose large-model state (KV cache, embeddings) the cascade keeps, LRU (0: off)",

@@ -6,9 +6,12 @@ lexical index); its `answer` then runs only the request's tokens. The method hol
 this LRU keeps several, keyed by a fingerprint of the canonical tools (key order inside a schema
 does not matter; tool order does, as it changes the prompt), bounded by count and tensor bytes.
 
-It swaps the method's library state (`_library`, `_per_function`) in and out: the method has no
-public API for that yet. When the cascade gains one (e.g. `library_state()` / `set_library()`),
-only `_state` and `_restore` below change.
+It swaps the method's library state in and out through the cascade's public API
+(`library_state()` / `set_library_state(state)`); any method with `use_library` and those two
+takes part. The first request with a new library pays for it: a joint library's prefix pass, or,
+for a library read per function, the per-function embeddings (computed once per model and
+library and cached on disk, see `cascade.library.library_embeddings`, so only the first request
+ever pays that, which takes long for thousands of tools).
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import time
 from collections import OrderedDict
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 
 from hyfunc.formats.schema import Tool
@@ -30,13 +34,16 @@ def fingerprint(tools: Sequence[Tool]) -> str:
 
 
 def tensor_bytes(obj: Any, depth: int = 0, seen: set[int] | None = None) -> int:
-    """Bytes of the tensors reachable from `obj` (a KV cache, embeddings, dataclasses of them)."""
+    """Bytes of the tensors and numpy arrays reachable from `obj` (a KV cache, embeddings, a
+    lexical index, dataclasses of them)."""
     seen = set() if seen is None else seen
     if id(obj) in seen or depth > 6:
         return 0
     seen.add(id(obj))
     if isinstance(obj, torch.Tensor):
         return obj.numel() * obj.element_size()
+    if isinstance(obj, np.ndarray):
+        return int(obj.nbytes)
     if isinstance(obj, dict):
         return sum(tensor_bytes(v, depth + 1, seen) for v in obj.values())
     if isinstance(obj, (list, tuple)):
@@ -55,7 +62,7 @@ class LibraryCache:
 
     @staticmethod
     def supports(method: Any) -> bool:
-        return hasattr(method, "use_library") and hasattr(method, "_library")
+        return all(hasattr(method, name) for name in ("use_library", "library_state", "set_library_state"))
 
     @property
     def bytes(self) -> int:
@@ -64,12 +71,20 @@ class LibraryCache:
     def select(self, method: Any, tools: Sequence[Tool]) -> tuple[bool, float]:
         """Make `method`'s library state that of `tools`: (reused?, seconds spent building).
         Call from the model worker only (the state is the method's, not thread-safe)."""
-        if self.max_entries <= 0 or not self.supports(method) or not tools:
+        if not self.supports(method) or not tools:
+            return False, 0.0
+        if self.max_entries <= 0:
+            mode = getattr(method, "library_mode", None)
+            if mode is not None and mode(len(tools)) == "per_function":
+                # Cache off, but such a library is only read through its state: build it every time.
+                start = time.perf_counter()
+                method.use_library(list(tools))
+                return False, time.perf_counter() - start
             return False, 0.0
         key = (id(method), fingerprint(tools))
         if key in self._entries:
             self._entries.move_to_end(key)
-            self._restore(method, self._entries[key][0])
+            method.set_library_state(self._entries[key][0])
             self.hits += 1
             if self.metrics:
                 self.metrics.library_hits.inc()
@@ -77,7 +92,7 @@ class LibraryCache:
         start = time.perf_counter()
         method.use_library(list(tools))
         seconds = time.perf_counter() - start
-        state = self._state(method)
+        state = method.library_state()
         self._entries[key] = (state, tensor_bytes(state))
         self.misses += 1
         while len(self._entries) > self.max_entries or (len(self._entries) > 1 and self.bytes > self.max_bytes):
@@ -87,13 +102,3 @@ class LibraryCache:
             self.metrics.library_entries.set(len(self._entries))
             self.metrics.library_bytes.set(self.bytes)
         return False, seconds
-
-    @staticmethod
-    def _state(method: Any) -> tuple[Any, Any]:
-        return (method._library, getattr(method, "_per_function", None))
-
-    @staticmethod
-    def _restore(method: Any, state: tuple[Any, Any]) -> None:
-        method._library = state[0]
-        if hasattr(method, "_per_function"):
-            method._per_function = state[1]

@@ -5,8 +5,15 @@
 - a forced call (`tool_choice: required` or a named tool when the method made no call): the
   templating decoder writes a schema-valid call to one of the offered tools, and must write one.
 
-These belong to the methods eventually (the cascade could continue its text reply from the
-large model's prompt state); they live here so the serving layer does not edit the method classes.
+What a text reply reuses: it is written by the large model from a plain chat prompt (system,
+hint, the conversation's turns), through a `PrefixCache` kept per model, so what the prompt shares
+with the previous text reply's is not run again: the system prompt and hint (the same for
+requests on the same tools) and, in an agent loop where each request extends the last one, the
+whole earlier conversation. The cascade's own pass over [instruction + tools + request] is NOT
+continued: that prompt asks for function calls, and continuing it biases the reply toward a call
+(the 1.5B calls a function on every irrelevant request under such a prompt), which is exactly
+what a text reply must not be; its KV cache shares only the chat template's first tokens with
+the plain prompt, so there is nothing to gain from it either.
 """
 from __future__ import annotations
 
@@ -18,6 +25,7 @@ from typing import Any, Callable, Sequence
 
 from hyfunc.formats.calls import Call
 from hyfunc.formats.schema import Tool
+from hyfunc.models.base import PrefixCache
 
 #: Said when the model's reply is empty: an empty assistant message makes agents loop.
 FALLBACK_TEXT = "I cannot help with this request using the available tools."
@@ -36,6 +44,7 @@ class TextReply:
     output_tokens: int
     seconds: float
     truncated: bool  # stopped by max_tokens: finish_reason "length"
+    cached_tokens: int = 0  # prompt tokens reused from the previous reply's KV cache
 
 
 @dataclass
@@ -86,8 +95,10 @@ def write_text(
     max_tokens: int,
     on_delta: Callable[[str], None] | None = None,
     should_stop: Callable[[], bool] = lambda: False,
+    prefix_cache: PrefixCache | None = None,
 ) -> TextReply:
-    """Greedy reply to plain chat `messages`; `should_stop` (deadline, client gone) ends it early."""
+    """Greedy reply to plain chat `messages`; `should_stop` (deadline, client gone) ends it early;
+    `prefix_cache`: the prompt ids shared with the previous reply through it are not run again."""
     start = time.perf_counter()
     ids = backend.encode(backend.chat_prompt(list(messages)))
     deltas = _Deltas(on_delta)
@@ -96,7 +107,7 @@ def write_text(
         deltas.feed(text)
         return should_stop()
 
-    gen = backend.generate(ids=ids, max_new_tokens=max_tokens, stop=stop)
+    gen = backend.generate(ids=ids, max_new_tokens=max_tokens, stop=stop, prefix_cache=prefix_cache)
     text = deltas.finish(gen.text)
     return TextReply(
         text=text,
@@ -104,6 +115,7 @@ def write_text(
         output_tokens=len(gen.token_ids),
         seconds=time.perf_counter() - start,
         truncated=len(gen.token_ids) >= max_tokens,
+        cached_tokens=gen.cached_tokens,
     )
 
 
@@ -125,13 +137,18 @@ class CallWriter:
                 self._decoders[key] = TemplateDecoder(backend, max_calls=max_calls)
             return self._decoders[key]
 
-    def write(self, backend: Any, request: str, tools: Sequence[Tool], single: bool) -> ForcedCalls:
+    def write(
+        self, backend: Any, request: str, tools: Sequence[Tool], single: bool, on_text: Callable[[str], None] | None = None
+    ) -> ForcedCalls:
+        """`on_text`: the call list's JSON text as the decoder writes it (`TemplateDecoder.decode`)."""
         start = time.perf_counter()
         system = CALL_INSTRUCTION + "\n".join(json.dumps(t.to_json_schema(), ensure_ascii=False) for t in tools)
         ids = backend.encode(backend.chat_prompt([{"role": "system", "content": system}, {"role": "user", "content": request}]))
         step = backend.forward(ids=ids)
         prefilled = time.perf_counter()
-        out = self._decoder(backend, 1 if single else 8).decode(step, list(tools), require_call=True, draft_source=request)
+        out = self._decoder(backend, 1 if single else 8).decode(
+            step, list(tools), require_call=True, draft_source=request, on_text=on_text
+        )
         return ForcedCalls(
             calls=out.calls,
             input_tokens=len(ids),

@@ -5,7 +5,14 @@ event loop, before the request is queued); `ChatService.route` picks the answeri
 router's slot); `ChatService.answer` runs on the model worker: it applies `tool_choice` and
 `parallel_tool_calls`, asks the method, falls back to a forced call or a text reply, builds the
 `ServedRequest` and hands it to the traffic sink. Streaming and non-streaming responses are both
-rendered from the `Outcome` it returns, so they cannot disagree.
+rendered from the `Outcome` it returns, so they cannot disagree; a streamed request also gets the
+calls as they are written (`on_call`, from a `CallStream` that builds the Outcome's calls too) and
+a text reply as it is written (`on_text`).
+
+A failure of the models themselves (a RuntimeError or MemoryError from an engine, e.g. an
+out-of-memory or a failed llama.cpp decode) may leave a KV state half-written: the service then
+refuses every later request (503, and /health says so) instead of answering from a broken state.
+A bad request is refused before it reaches the models and does not count.
 """
 from __future__ import annotations
 
@@ -17,10 +24,13 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from hyfunc.formats.calls import Call, to_openai_tool_calls
+from hyfunc.formats.calls import Call
 from hyfunc.formats.schema import SchemaError, Tool, parse_tool
+from hyfunc.methods.base import Answer, answer_streaming
+from hyfunc.models.base import PrefixCache
 from hyfunc.routing.record import ServedRequest, TrafficSink
-from hyfunc.serving.conversation import Conversation, call_key, read_conversation
+from hyfunc.serving.call_stream import CallStream
+from hyfunc.serving.conversation import Conversation, read_conversation
 from hyfunc.serving.errors import APIError, bad_request
 from hyfunc.serving.library_cache import LibraryCache
 from hyfunc.serving.metrics import ServerMetrics
@@ -30,6 +40,17 @@ from hyfunc.serving.replies import CallWriter, write_text
 log = logging.getLogger("hyfunc.serving")
 
 REPLY_MARGIN = 32  # tokens of chat-template framing not counted in the transcript
+#: Libraries up to this many tools are read in one prompt (`HyFuncMethod.MAX_PROMPT_TOOLS`, direct
+#: prompting); larger ones only by a cascade that reads them per function.
+JOINT_TOOLS = 128
+#: Context kept for the retrieved tools when a library is read per function (the small model's
+#: prompt holds only those): counting the tokens of thousands of tools per request is not worth it.
+RETRIEVED_TOOLS_TOKENS = 2048
+#: Tools offered to a forced call (tool_choice required) from a library read per function: the
+#: method's best ranked ones, since every offered tool goes into that prompt.
+FORCED_FROM_LIBRARY = 16
+#: Exceptions after which the models are not trusted any more (see the module's docstring).
+FATAL = (RuntimeError, MemoryError)
 
 
 @dataclass
@@ -41,7 +62,7 @@ class ServeConfig:
     request_timeout: float = 300.0  # seconds from arrival; then 504
     default_max_tokens: int = 256  # text replies, when the request sets no max_tokens
     max_tokens_cap: int = 2048
-    max_tools: int = 128
+    max_tools: int = 10_000  # more than JOINT_TOOLS: served per function by a cascade with a library retriever
     context_tokens: int | None = None  # default: the large model's max_position_embeddings
     library_cache: int = 8  # tool libraries whose state the cascade keeps (0: off)
     library_cache_bytes: int = 2 * 1024**3
@@ -119,6 +140,8 @@ class ChatService:
         self.config, self.metrics, self.traffic, self.router = config, metrics, traffic, router
         self.library = LibraryCache(config.library_cache, config.library_cache_bytes, metrics)
         self.calls = CallWriter()
+        self.failure: str | None = None  # set by a fatal model error: the service answers no more
+        self._text_caches: dict[int, PrefixCache] = {}
         first = next(iter(self.methods.values()))
         backend = text_backend(first)
         # A copy for counting tokens in the event loop while the worker uses the original: a fast
@@ -155,7 +178,11 @@ class ChatService:
                     )
         wanted = request.max_completion_tokens or request.max_tokens or self.config.default_max_tokens
         max_tokens = min(wanted, self.config.max_tokens_cap)
-        tool_tokens = sum(self.count(json.dumps(t.to_json_schema(), ensure_ascii=False)) for t in tools)
+        if len(tools) > JOINT_TOOLS and not named:  # read per function (see `route`)
+            tool_tokens = RETRIEVED_TOOLS_TOKENS
+        else:
+            read = [t for t in tools if t.name == named] if named else tools
+            tool_tokens = sum(self.count(json.dumps(t.to_json_schema(), ensure_ascii=False)) for t in read)
         budget = self.context_tokens - tool_tokens - max_tokens - REPLY_MARGIN
         if budget <= 0:
             raise APIError(
@@ -193,72 +220,132 @@ class ChatService:
     def route(self, prepared: Prepared) -> str:
         """The router's slot: without one, the first method answers everything."""
         if self.router is None:
-            return next(iter(self.methods))
-        path = self.router(prepared)
-        if path not in self.methods:
-            raise RuntimeError(f"the router chose {path!r}; paths: {', '.join(self.methods)}")
+            path = next(iter(self.methods))
+        else:
+            path = self.router(prepared)
+            if path not in self.methods:
+                raise RuntimeError(f"the router chose {path!r}; paths: {', '.join(self.methods)}")
+        self._check_library(prepared, path)
         return path
+
+    def _check_library(self, prepared: Prepared, path: str) -> None:
+        """A library over JOINT_TOOLS tools fits no prompt: only a cascade that reads it per
+        function (its artifact has a library retriever) can take it."""
+        n = len(prepared.tools)
+        if n <= JOINT_TOOLS or prepared.choice == "none" or prepared.named:
+            return
+        mode = getattr(self.methods[path], "library_mode", None)
+        if mode is None or mode(n) != "per_function":
+            raise bad_request(
+                f"{n} tools given: the {path!r} path reads every tool in one prompt, at most {JOINT_TOOLS}; larger "
+                "libraries are read per function by a cascade prepared with `hyfunc prepare --library`",
+                param="tools", code="too_many_tools",
+            )
 
     # -- on the model worker ---------------------------------------------------------------
     def answer(
         self, prepared: Prepared, path: str, on_text: Callable[[str], None] | None = None,
-        should_stop: Callable[[], bool] = lambda: False,
+        should_stop: Callable[[], bool] = lambda: False, on_call: Callable[[dict], None] | None = None,
+    ) -> Outcome:
+        """`on_text`: the text reply's deltas; `on_call`: tool-call deltas (OpenAI's
+        ``delta.tool_calls`` elements), both as they are written."""
+        if self.failure is not None:  # queued before a fatal error
+            raise APIError(503, f"the models failed earlier ({self.failure}); restart the server", code="model_failed")
+        try:
+            return self._answer(prepared, path, on_text, should_stop, on_call)
+        except FATAL as err:
+            self.failure = f"{type(err).__name__}: {err}"
+            log.exception("fatal model error on %s; refusing further requests", prepared.request_id)
+            raise
+
+    def _answer(
+        self, prepared: Prepared, path: str, on_text: Callable[[str], None] | None,
+        should_stop: Callable[[], bool], on_call: Callable[[dict], None] | None,
     ) -> Outcome:
         method = self.methods[path]
         conv, tools = prepared.conversation, prepared.tools
         timings: dict[str, float] = {}
-        calls: list[Call] = []
         prompt_tokens = completion_tokens = 0
         notes: list[str] = []
+        tool_calls: list[dict] = []
+        calls: list[Call] = []
+        max_calls = None if prepared.parallel else 1
         if tools and prepared.choice != "none":
             offered = [t for t in tools if t.name == prepared.named] if prepared.named else tools
             if not prepared.named:  # a named choice is a one-tool library: not worth caching
                 reused, seconds = self.library.select(method, offered)
                 if seconds:
                     timings["library_build"] = seconds
-            result = method.answer(conv.method_messages(), offered)
+            # Under auto, calls already made and answered are not made again (an agent would loop).
+            skip = conv.answered_calls() if prepared.choice == "auto" else ()
+            stream = CallStream(offered, on_call, max_calls, skip)
+            result = answer_streaming(method, conv.method_messages(), offered, stream.feed)
+            stream.close()
             timings.update(result.timings)
             prompt_tokens += result.input_tokens
             completion_tokens += result.output_tokens + result.injected_tokens
             self.metrics.cached_tokens.inc(result.cached_tokens)
             self.metrics.injected_tokens.inc(result.injected_tokens)
             self.metrics.generation_tokens.inc(result.output_tokens)
-            calls = _offered_only(result.calls, offered, notes)
+            notes += stream.notes
             if result.error:
                 notes.append(f"unparsed model output: {result.error}")
-            if prepared.choice == "auto":
-                done = conv.answered_calls()
-                calls = [c for c in calls if call_key(c) not in done]
-            elif not calls:  # required / named: the method declined, the decoder must write a call
-                forced = self.calls.write(call_backend(method), conv.transcript(), offered, single=not prepared.parallel)
-                calls = forced.calls
+            if not stream.calls and prepared.choice != "auto":
+                # required / named: the method declined; the decoder must write a call.
+                forced_tools = self._forced_tools(offered, result)
+                stream = CallStream(forced_tools, on_call, max_calls)
+                forced = self.calls.write(
+                    call_backend(method), conv.transcript(), forced_tools, single=not prepared.parallel, on_text=stream.feed
+                )
+                stream.close()
+                notes += stream.notes
                 timings["forced_prefill"], timings["forced_decode"] = forced.prefill_seconds, forced.decode_seconds
                 prompt_tokens += forced.input_tokens
                 completion_tokens += forced.generated_tokens + forced.injected_tokens
                 self.metrics.generation_tokens.inc(forced.generated_tokens)
                 self.metrics.injected_tokens.inc(forced.injected_tokens)
-            if not prepared.parallel:
-                calls = calls[:1]
+            tool_calls, calls = stream.tool_calls(), stream.parsed()
         text, finish = None, "tool_calls"
         if calls and prepared.named:
             finish = "stop"  # what OpenAI returns for a named tool_choice
         if not calls:
+            backend = text_backend(method)
             reply = write_text(
-                text_backend(method), conv.chat_messages(self._hint(prepared)), prepared.max_tokens, on_text, should_stop
+                backend, conv.chat_messages(self._hint(prepared)), prepared.max_tokens, on_text, should_stop,
+                self._text_cache(backend),
             )
             text, finish = reply.text, "length" if reply.truncated else "stop"
             timings["text_reply"] = reply.seconds
             prompt_tokens += reply.input_tokens
             completion_tokens += reply.output_tokens
+            self.metrics.cached_tokens.inc(reply.cached_tokens)
             self.metrics.generation_tokens.inc(reply.output_tokens)
         self.metrics.prompt_tokens.inc(prompt_tokens)
         self.metrics.observe_stages(timings)
         outcome = Outcome(
-            prepared.request_id, prepared.created, prepared.request.model, path, to_openai_tool_calls(calls), text,
+            prepared.request_id, prepared.created, prepared.request.model, path, tool_calls, text,
             finish, prompt_tokens, completion_tokens, timings,
         )
         self._record(prepared, outcome, calls, method, "; ".join(notes) or None)
         return outcome
+
+    def _text_cache(self, backend: Any) -> PrefixCache:
+        """One prefix cache per model for text replies: what a reply's prompt shares with the
+        previous reply's (the system prompt and hint; in an agent loop, the whole earlier
+        conversation) is not run again."""
+        if id(backend) not in self._text_caches:
+            self._text_caches[id(backend)] = PrefixCache(backend)
+        return self._text_caches[id(backend)]
+
+    @staticmethod
+    def _forced_tools(offered: list[Tool], result: Answer) -> list[Tool]:
+        """The tools a forced call may name: all offered ones, or for a library read per function
+        (too large for the prompt) the method's best ranked ones."""
+        if len(offered) <= JOINT_TOOLS:
+            return offered
+        by_name = {t.name: t for t in offered}
+        ranked = [by_name[n] for n in result.details.get("ranking", []) if n in by_name]
+        return (ranked or offered)[:FORCED_FROM_LIBRARY]
 
     def _hint(self, prepared: Prepared) -> str:
         if not prepared.tools:
@@ -267,10 +354,11 @@ class ChatService:
             return "Answer in plain text, without calling any function."
         if any(t.role == "tool" for t in prepared.conversation.turns[prepared.conversation.current :]):
             return "Answer the user's request in plain text, using the function results above."
-        names = ", ".join(t.name for t in prepared.tools[:20])
+        n = len(prepared.tools)
+        names = f"({', '.join(t.name for t in prepared.tools)}) " if n <= 20 else ""
         return (
-            f"None of the available functions ({names}) fits this request: answer the user directly in plain text, "
-            "without calling any function."
+            f"None of the {n} available functions {names}fits this request: answer the user directly in plain "
+            "text, without calling any function."
         )
 
     def _record(self, prepared: Prepared, outcome: Outcome, calls: list[Call], method: Any, error: str | None) -> None:
@@ -296,20 +384,3 @@ class ChatService:
         except Exception:  # noqa: BLE001 - the log is best effort by design
             self.metrics.traffic_errors.inc()
             log.exception("traffic sink failed on %s", outcome.request_id)
-
-
-def _offered_only(calls: list[Call], tools: list[Tool], notes: list[str]) -> list[Call]:
-    """Calls to offered tools with offered (top-level) arguments only: a model that names
-    anything else must not reach the client, who may execute what it receives."""
-    by_name = {t.name: t for t in tools}
-    out = []
-    for call in calls:
-        tool = by_name.get(call.name)
-        if tool is None:
-            notes.append(f"dropped a call to {call.name!r}, not offered")
-            continue
-        arguments = {k: v for k, v in call.arguments.items() if k in tool.parameters}
-        if len(arguments) != len(call.arguments):
-            notes.append(f"dropped arguments of {call.name!r} not in its schema: {sorted(set(call.arguments) - set(arguments))}")
-        out.append(Call(call.name, arguments))
-    return out

@@ -1,26 +1,19 @@
-"""Rendering an `Outcome` as OpenAI's response body or as its stream of chunks.
+"""Rendering an `Outcome` as OpenAI's response body, and the chunks of a streamed response.
 
-Both renderings come from the same `Outcome`, so assembling the chunks (role, then per call one
-delta with ``index``, ``id``, ``type``, ``function.name`` and ``arguments: ""`` followed by argument
-fragments of the same ``index``; text as content deltas) gives exactly the non-streamed message.
-
-Text replies are streamed token by token as the model writes them. Calls are streamed once the
-answer is complete: streaming argument values as the templating decoder writes them needs a hook
-inside the decoder, which is being refactored; the fragments here are the finished JSON split at
-its string literals, so a client sees the same wire shape either way.
+A streamed response is: a first delta with the role; per call, one delta with ``index``, ``id``,
+``type``, ``function.name`` and ``arguments: ""`` followed by argument fragments of the same
+``index`` (sent as the templating decoder writes them, see `call_stream.CallStream`, which also
+builds the non-streamed message's calls); text as content deltas, token by token; a final chunk
+with the finish reason; a usage chunk when asked; ``data: [DONE]``.
 """
 from __future__ import annotations
 
 import json
-import re
-from typing import Any, Iterator
+from typing import Any
 
 from hyfunc.serving.service import Outcome
 
 DONE = b"data: [DONE]\n\n"
-
-# Splits a JSON text into string literals and the runs between them; the pieces concatenate back.
-_FRAGMENT = re.compile(r'"(?:\\.|[^"\\])*"|[^"]+')
 
 
 def usage(outcome: Outcome) -> dict[str, int]:
@@ -46,14 +39,6 @@ def completion_body(outcome: Outcome) -> dict[str, Any]:
     }
 
 
-def argument_fragments(arguments: str) -> list[str]:
-    """``{"city": "Paris", "n": 2}`` -> ``['{', '"city"', ': ', '"Paris"', ', ', '"n"', ': 2}']``."""
-    pieces = _FRAGMENT.findall(arguments)
-    if "".join(pieces) != arguments:  # cannot happen for JSON; never send a distorted value
-        return [arguments]
-    return pieces
-
-
 class ChunkWriter:
     """Chunks of one streamed response (the same id, created and model in each)."""
 
@@ -69,15 +54,9 @@ class ChunkWriter:
     def text(self, delta: str) -> dict[str, Any]:
         return self.chunk({"content": delta})
 
-    def calls(self, tool_calls: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-        for index, call in enumerate(tool_calls):
-            function = call["function"]
-            yield self.chunk({"tool_calls": [{
-                "index": index, "id": call["id"], "type": "function",
-                "function": {"name": function["name"], "arguments": ""},
-            }]})
-            for piece in argument_fragments(function["arguments"]):
-                yield self.chunk({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
+    def tool_call(self, delta: dict[str, Any]) -> dict[str, Any]:
+        """One element of ``delta.tool_calls`` (from `CallStream`) as a chunk."""
+        return self.chunk({"tool_calls": [delta]})
 
     def finish(self, outcome: Outcome) -> dict[str, Any]:
         return self.chunk({}, finish_reason=outcome.finish_reason)
@@ -88,3 +67,8 @@ class ChunkWriter:
 
 def sse(data: dict[str, Any]) -> bytes:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n".encode("utf-8")
+
+
+def sse_comment(text: str) -> bytes:
+    """An SSE comment line: clients skip it (the openai SDK's decoder does)."""
+    return f": {' '.join(text.splitlines())}\n\n".encode("utf-8")

@@ -6,16 +6,26 @@ Admission is decided at once in the event loop: past `max_queue` waiting request
 raises `QueueFull` (the app answers 429 with Retry-After) instead of letting requests pile up.
 A request whose client left, or whose time limit passed, before it started is dropped unrun;
 once started, its `cancelled` flag lets the parts that can stop early (text replies) stop.
+
+`retry_after` tells a refused client when to come back: the mean time the worker spent on its
+recent requests (an exponential average), i.e. about when the running one finishes and a place in
+the queue frees; 1 s before any request has finished.
 """
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Awaitable, Callable
 
 from hyfunc.serving.metrics import ServerMetrics
+
+
+#: Weight of the newest request in the average service time (about the last ten count).
+SERVICE_TIME_WEIGHT = 0.2
+RETRY_AFTER_MAX = 120  # seconds: past that a client does better to try elsewhere
 
 
 class QueueFull(Exception):
@@ -50,11 +60,23 @@ class ModelWorker:
         self._lock = threading.Lock()
         self._pending = 0  # queued + running
         self._running = 0
+        self._service_seconds: float | None = None  # average time a request held the worker
 
     @property
     def waiting(self) -> int:
         with self._lock:
             return self._pending - self._running
+
+    def retry_after(self) -> int:
+        """Whole seconds for a 429's Retry-After (see the module's docstring)."""
+        with self._lock:
+            mean = self._service_seconds
+        return 1 if mean is None else max(1, min(RETRY_AFTER_MAX, math.ceil(mean)))
+
+    def _observe(self, seconds: float) -> None:
+        with self._lock:
+            old = self._service_seconds
+            self._service_seconds = seconds if old is None else old + SERVICE_TIME_WEIGHT * (seconds - old)
 
     def submit(self, fn: Callable[[Job], Any], timeout: float) -> Job:
         """Queue `fn(job)` on the model thread, or raise QueueFull."""
@@ -78,6 +100,7 @@ class ModelWorker:
             try:
                 return fn(job)
             finally:
+                self._observe(time.monotonic() - job.started)
                 with self._lock:
                     self._running -= 1
 

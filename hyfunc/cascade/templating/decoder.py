@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from hyfunc.cascade.templating.session import Session
 from hyfunc.cascade.templating.vocab import Vocab, vocab_for
@@ -26,7 +26,7 @@ class TemplatedOutput:
     forward_seconds: float = 0.0  # of which in model forward passes
     drafted_tokens: int = 0  # value tokens proposed by copying from `draft_source`
     accepted_draft_tokens: int = 0  # of which the model's own greedy choice (no pass of their own)
-
+    rewinds: int = 0  # repeated calls or array items taken back by the repeat guard
 
 
 class TemplateDecoder:
@@ -69,15 +69,19 @@ class TemplateDecoder:
         return self._vocab
 
     def decode(
-        self, step: StepOutput, tools: Sequence[Tool], require_call: bool = False, draft_source: str = ""
+        self, step: StepOutput, tools: Sequence[Tool], require_call: bool = False, draft_source: str = "",
+        on_text: Callable[[str], None] | None = None,
     ) -> TemplatedOutput:
         """`require_call`: at least one call when `tools` is not empty (the caller has already
         decided that a tool fits, e.g. the retriever); otherwise ``[]`` is the model's choice.
         `draft_source`: text that string values are likely copied from (the request); drafts
-        from it are verified by the model, so they change the speed, not the output."""
+        from it are verified by the model, so they change the speed, not the output.
+        `on_text`: called with each piece of the output text (injected or generated) in order, as
+        soon as it is final (see `Session`: text the repeat guard may still take back waits);
+        the pieces concatenate to `TemplatedOutput.text`. Engine-independent: it sees text only."""
         start = time.perf_counter()
         vocab = self.vocab(int(step.logits.shape[-1]))
-        session = Session(self, vocab, step, teacher=False, draft_source=draft_source)
+        session = Session(self, vocab, step, teacher=False, draft_source=draft_source, on_text=on_text)
         Walker(self, session, require_call).calls(list(tools), None)
         session.finish()
         text = session.text
@@ -95,6 +99,7 @@ class TemplateDecoder:
             forward_seconds=session.forward_seconds,
             drafted_tokens=session.drafted,
             accepted_draft_tokens=session.accepted,
+            rewinds=session.rewinds,
         )
 
     def target(self, calls: Sequence[Call], tools: Sequence[Tool]) -> tuple[list[int], list[bool], list[bool]]:

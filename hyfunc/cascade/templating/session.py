@@ -5,13 +5,24 @@ pass, makes the three kinds of decision (a masked `step`, a `peek` at several to
 `choose` among strings), verifies drafts (`drafting.py`) and takes back what a rejected draft or a
 rewind put in the cache. In teacher mode (training targets) no model runs: decisions follow the
 gold text.
+
+Streaming (`on_text`): the emitted text is passed on piece by piece as soon as it is *final*, i.e.
+can no longer be taken back. Only the repeat guard takes text back (it rewinds to a `mark` made
+before a list separator, see `Walker._closed_on_repeat`), and only when the list item after that
+mark turns out to equal an earlier item word for word. So each such mark is registered as a
+`Hold`; text from a live hold on is kept back, and a hold dies as soon as its item's text (up to
+the next inner hold) is a prefix of no earlier item, or when its item is checked. The cost in
+latency: the separator and the start of a second or later call (or array item) wait until they
+differ from every earlier one (for calls, usually at the name or the first value), and a call or
+item that repeats an earlier one word for word waits until it is closed.
 """
 from __future__ import annotations
 
 import math
 import time
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -27,9 +38,20 @@ class TemplateError(ValueError):
     """Gold calls that the template cannot produce (unknown tool, invalid argument, ...)."""
 
 
+@dataclass(eq=False)  # holds are compared by identity
+class Hold:
+    """A mark the repeat guard may rewind to: the text from it on is not final yet."""
+
+    parts: int  # len(text_parts) at the mark
+    chars: int  # len(text) at the mark
+    written: list[str]  # the earlier items of the list (the walker's list, appended as it goes)
+    item_start: int | None = None  # where the item after the separator starts, once it has started
+
+
 class Session:
     def __init__(
-        self, dec: TemplateDecoder, vocab: Vocab, step: StepOutput | None, teacher: bool, draft_source: str = ""
+        self, dec: TemplateDecoder, vocab: Vocab, step: StepOutput | None, teacher: bool, draft_source: str = "",
+        on_text: Callable[[str], None] | None = None,
     ):
         self.dec = dec
         self.vocab = vocab
@@ -57,6 +79,10 @@ class Session:
         self.ahead: list[tuple[int, torch.Tensor]] = []
         self.drafted = 0
         self.accepted = 0
+        self.on_text = None if teacher else on_text
+        self.holds: list[Hold] = []  # live holds, outermost (earliest) first
+        self.published = 0  # text_parts already passed to on_text
+        self.rewinds = 0  # repeats taken back by the guard
 
     # -- emission --------------------------------------------------------------------------
     def _append(self, tid: int, generated: bool) -> None:
@@ -82,11 +108,53 @@ class Session:
     def rewind(self, mark: tuple) -> None:
         """Take back everything emitted since `mark`, from the output and from the KV cache."""
         n_ids, n_parts, self.pending_text, feed, self.logits, cached, self.decision_pending = mark
+        if n_parts < self.published:  # a broken invariant (a bug, not a model failure): a client has this text
+            raise AssertionError("templating: a rewind would take back text already streamed")
+        self.holds = [h for h in self.holds if h.parts < n_parts]
+        self.rewinds += 1
         self._drop_ahead()
         del self.ids[n_ids:], self.generated[n_ids:], self.decision[n_ids:], self.text_parts[n_parts:]
         self.feed = list(feed)
         if (extra := self.cache.get_seq_length() - cached) > 0:
             self.cache.crop(-extra)
+
+    # -- streaming -------------------------------------------------------------------------
+    def hold(self, mark: tuple, written: list[str]) -> Hold:
+        """Keep the text from `mark` on back until the item after it cannot repeat one of `written`."""
+        parts = mark[1]
+        hold = Hold(parts, sum(len(p) for p in self.text_parts[:parts]), written)
+        self.holds.append(hold)
+        return hold
+
+    def release(self, hold: Hold | None) -> None:
+        """The item after `hold` was checked (or the list closed): no rewind to it any more."""
+        if hold is not None and hold in self.holds:
+            self.holds.remove(hold)
+            self._publish()
+
+    def _final_parts(self) -> int:
+        """How many text parts are final: those before the earliest hold that may still fire."""
+        if not self.holds:
+            return len(self.text_parts)
+        text = self.text
+        end = len(text)
+        for hold in reversed(list(self.holds)):  # innermost first: its mark bounds the outer items' stable text
+            if hold.item_start is not None and not any(w.startswith(text[hold.item_start:end]) for w in hold.written):
+                # Inner rewinds only cut text after `end`: the item already differs from every earlier one.
+                self.holds.remove(hold)
+                continue
+            end = hold.chars
+        return self.holds[0].parts if self.holds else len(self.text_parts)
+
+    def _publish(self) -> None:
+        if self.on_text is None:
+            return
+        final = self._final_parts()
+        if final > self.published:
+            piece = "".join(self.text_parts[self.published:final])
+            self.published = final
+            if piece:
+                self.on_text(piece)
 
     def _drop_ahead(self) -> None:
         """Remove the drafted tokens that were not emitted from the cache."""
@@ -142,6 +210,7 @@ class Session:
         if text:
             self.pending_text += text
             self.text_parts.append(text)
+            self._publish()
 
     def _flush_text(self) -> None:
         if self.pending_text:
@@ -173,6 +242,8 @@ class Session:
         self._flush_text()  # the last tokens are counted but not run through the model
         self._drop_ahead()
         self.feed = []
+        self.holds = []  # the list is closed: everything is final
+        self._publish()
 
     @property
     def text(self) -> str:
@@ -215,6 +286,7 @@ class Session:
         assert s is not None
         self._append(tid, True)
         self.text_parts.append(s)
+        self._publish()
         return s
 
     def peek(self, masks: Sequence[torch.Tensor], gold: int | None = None) -> int:

@@ -78,9 +78,12 @@ class Walker:
         elif s.choose([opener, "]"], (0 if gold else 1) if self.teacher else None, (0, 1), [next_call(), DECISION]):
             return
         written: list[str] = []  # the calls so far, as JSON text
-        before_separator = None
+        guard = not self.teacher and self.dec.stop_on_repeat
+        before_separator = hold = None
         while True:
             start = len(s.text) - len(opener)
+            if hold is not None:
+                hold.item_start = start
             g = gold[n] if self.teacher else None
             i = s.choose(names, [t.name for t in tools].index(g.name) if g is not None else None, guesses(), heads)
             called.append(i)
@@ -94,25 +97,29 @@ class Walker:
             arguments = g.arguments if g is not None else _MISSING
             self.object_props(tool.parameters, tool.required, arguments, tool.name, Follow("}", tuple(then)))
             s.inject("}")
-            if not self.teacher and self.dec.stop_on_repeat and self._closed_on_repeat(s.text[start:], written, before_separator):
+            if guard and self._closed_on_repeat(s.text[start:], written, before_separator, hold):
                 return
             n += 1
             if n >= self.dec.max_calls and not self.teacher:
                 s.inject("]")
                 return
             before_separator = s.mark() if not self.teacher else None
+            hold = s.hold(before_separator, written) if guard else None
             gold_choice = (0 if n < len(gold) else 1) if self.teacher else None
             if s.choose(separator, gold_choice, (0, 1) if more else (1, 0), [upcoming, DECISION]) == 1:
+                s.release(hold)
                 return
 
-    def _closed_on_repeat(self, text: str, written: list[str], before_separator: tuple | None) -> bool:
+    def _closed_on_repeat(self, text: str, written: list[str], before_separator: tuple | None, hold: Any) -> bool:
         """A list element (a call, an array item) word for word an earlier one: greedy decoding has
         entered a loop (it would go on to the cap). The repeat is taken back to `before_separator`
-        and the list closed (True); otherwise `text` joins `written`."""
+        and the list closed (True); otherwise `text` joins `written` and the text after
+        `before_separator` is final (its `hold` released)."""
         if text in written:
             self.s.rewind(before_separator)
             self.s.inject("]")
             return True
+        self.s.release(hold)
         written.append(text)
         return False
 
@@ -325,21 +332,28 @@ class Walker:
             return
         guard = not self.teacher and self.dec.stop_on_repeat
         written: list[str] = []  # the items so far that a loop would repeat: strings, objects, arrays
-        before_separator = None
+        before_separator = hold = None
         n = 0
         while True:
             item_start = len(s.text)
+            if hold is not None:
+                hold.item_start = item_start
             self.value(items, gold[n] if self.teacher else _MISSING, f"{where}[{n}]", depth + 1)
             item = s.text[item_start:]
             # Numbers and booleans may repeat on purpose ([1, 1, 2]); strings, objects and arrays not.
-            if guard and item[:1] in '"{[' and self._closed_on_repeat(item, written, before_separator):
-                return
+            if guard and item[:1] in '"{[':
+                if self._closed_on_repeat(item, written, before_separator, hold):
+                    return
+            else:
+                s.release(hold)
             n += 1
             if n >= self.dec.max_array_items and not self.teacher:
                 s.inject("]")
                 return
             before_separator = s.mark() if guard else None
+            hold = s.hold(before_separator, written) if guard else None
             if s.choose([", ", "]"], (0 if n < len(gold) else 1) if self.teacher else None) == 1:
+                s.release(hold)
                 return
 
     def free_object(self, gold: Any, where: str, depth: int) -> None:
