@@ -13,6 +13,7 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     from hyfunc.methods import METHODS
     from hyfunc.methods.direct import PROMPT_STYLES
     from hyfunc.models.registry import DEFAULT_LARGE
+    from hyfunc.models.engines import DEFAULT_ENGINE, ENGINES
 
     serve = subparsers.add_parser(
         "serve", help="OpenAI-compatible server: POST /v1/chat/completions with tools -> tool_calls",
@@ -25,6 +26,8 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     serve.add_argument("--model", default=DEFAULT_LARGE, help="model of method direct: alias, local path or Hugging Face id")
     serve.add_argument("--style", default="auto", choices=["auto", *PROMPT_STYLES], help="prompting style (method direct)")
     serve.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    serve.add_argument("--engine", default=DEFAULT_ENGINE, choices=ENGINES, help=f"inference engine (default: {DEFAULT_ENGINE})")
+    serve.add_argument("--small-engine", choices=ENGINES, help="the cascade's small model on another engine")
     serve.add_argument("--served-model-name", default="hyfunc", help="the model id clients send (default: hyfunc)")
     serve.add_argument(
         "--api-key", default=os.environ.get("HYFUNC_API_KEY"),
@@ -76,7 +79,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         start = time.perf_counter()
         # prefix_caching: the direct method reads a fixed tool library once (exact KV reuse).
         method = load_method(
-            args.method, model=args.model, style=args.style, device=args.device, prefix_caching=True, artifact=args.artifact
+            args.method, model=args.model, style=args.style, device=args.device, prefix_caching=True, artifact=args.artifact,
+            engine=args.engine, small_engine=args.small_engine,
         )
         print(f"loaded {method.name} in {time.perf_counter() - start:.1f}s; serving as {args.served_model_name!r}",
               file=sys.stderr)
