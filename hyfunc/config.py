@@ -15,3 +15,12 @@ from pathlib import Path
 
 def hyfunc_home() -> Path:
     return Path(os.environ.get("HYFUNC_HOME", Path.home() / ".cache" / "hyfunc"))
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags (/proc/cpuinfo; empty where unknown): what decides dtypes and engines."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    return {flag for line in text.splitlines() if line.startswith("flags") for flag in line.split(":", 1)[1].split()}

@@ -14,6 +14,7 @@ from typing import Any, Iterable
 
 import torch
 
+from hyfunc.config import cpu_flags
 from hyfunc.models.registry import DEFAULT_MODELS
 
 #: CPU flags that change the speed of transformers on a CPU (see models/backend.default_dtype):
@@ -43,17 +44,17 @@ def git_state(repo: Path = _REPO) -> dict[str, Any]:
 def cpu_info() -> dict[str, Any]:
     """The CPU's name (from /proc/cpuinfo on Linux, where platform.processor() often says only
     "x86_64"), its core count and which of SPEED_FLAGS it has (None where flags are unknown)."""
-    model, flags = None, None
+    model = None
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
         text = ""
     for line in text.splitlines():
         key, _, value = (part.strip() for part in line.partition(":"))
-        if key == "model name" and model is None:
+        if key == "model name":
             model = value
-        elif key == "flags" and flags is None:
-            flags = set(value.split())
+            break
+    flags = cpu_flags() or None
     return {
         "model": model or platform.processor() or None,
         "cores": os.cpu_count(),

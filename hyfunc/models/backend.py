@@ -8,8 +8,15 @@ import os
 from typing import Any, Sequence
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    DynamicCache,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
+from hyfunc.config import cpu_flags
 from hyfunc.errors import InputError, SetupError
 from hyfunc.models.base import BackendBase, Generation, PrefixCache, StepOutput
 from hyfunc.models.registry import ModelNotAvailable, resolve_model
@@ -38,14 +45,6 @@ def resolve_device(name: str | None) -> torch.device:
     return device
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        text = open("/proc/cpuinfo").read()
-    except OSError:
-        return set()
-    return {flag for line in text.splitlines() if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
-
-
 def default_dtype(device: torch.device) -> torch.dtype:
     """bf16 on GPUs and on CPUs with native bf16 matmuls (AMX / AVX512-BF16), fp32 elsewhere.
 
@@ -57,7 +56,7 @@ def default_dtype(device: torch.device) -> torch.dtype:
         if name not in ("float32", "bfloat16", "float16"):
             raise InputError(f"HYFUNC_DTYPE={name!r}: use float32, bfloat16 or float16")
         return getattr(torch, name)
-    if device.type == "cuda" or {"amx_bf16", "avx512_bf16"} & _cpu_flags():
+    if device.type == "cuda" or {"amx_bf16", "avx512_bf16"} & cpu_flags():
         return torch.bfloat16
     return torch.float32
 
