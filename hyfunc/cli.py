@@ -92,11 +92,30 @@ def cmd_call(args: argparse.Namespace) -> int:
     except (OSError, json.JSONDecodeError, KeyError, SchemaError) as err:
         print(f"error: cannot read tools from {args.tools}: {err}", file=sys.stderr)
         return 2
+    from hyfunc.routing.recording import RecordedMethod, traffic_log
+    from hyfunc.routing.store import StoreError
+
+    try:
+        log = traffic_log(args.traffic)
+    except StoreError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     method = _build_method(args)
+    if log is not None:
+        method = RecordedMethod(method, log)
     answer = method.answer([{"role": "user", "content": args.query}], tools)
     if args.timings:
         print(_format_timings(answer), file=sys.stderr)
     print(json.dumps({"calls": to_bfcl_output(answer.calls), "error": answer.error}, ensure_ascii=False))
+    if log is not None:
+        health = log.close()
+        where = log.store.url
+        if health.written:
+            store = " --store URL" if args.traffic else ""
+            print(f"logged as {answer.details['request_id']} in {where} (feedback: hyfunc odia feedback "
+                  f"{answer.details['request_id']} good|bad{store})", file=sys.stderr)
+        else:
+            print(f"warning: not logged to {where}: {health.last_error}", file=sys.stderr)
     return 0 if answer.error is None else 1
 
 
@@ -258,6 +277,9 @@ def main(argv: list[str] | None = None) -> int:
     call.add_argument("--tools", required=True, help="JSON file: a list of tools (OpenAI, BFCL or JSON Schema) or {'tools': [...]}")
     call.add_argument("--query", required=True)
     call.add_argument("--timings", action="store_true", help="print the latency breakdown to stderr")
+    from hyfunc.routing.recording import TRAFFIC_HELP
+
+    call.add_argument("--traffic", nargs="?", const="", default=None, metavar="URL", help=TRAFFIC_HELP)
     _add_method_args(call, prefix_caching=True)
     call.set_defaults(func=cmd_call)
 

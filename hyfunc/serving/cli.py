@@ -40,6 +40,9 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="tool libraries whose large-model state (KV cache, embeddings) the cascade keeps, LRU (0: off)",
     )
     serve.add_argument("--library-cache-mb", type=int, default=2048, help="memory bound of that cache")
+    from hyfunc.routing.recording import TRAFFIC_HELP
+
+    serve.add_argument("--traffic", nargs="?", const="", default=None, metavar="URL", help=TRAFFIC_HELP)
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     serve.set_defaults(func=cmd_serve)
     return serve
@@ -78,7 +81,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return method
 
-    app = create_app(load, config)
+    from hyfunc.routing.recording import traffic_log
+
+    from hyfunc.routing.store import StoreError
+
+    try:
+        traffic = traffic_log(args.traffic)  # None unless --traffic: learning from traffic is opt-in
+    except StoreError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    app = create_app(load, config, traffic=traffic)
     # The models load in the background: /health answers 503 until they are ready.
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=60)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=60)
+    finally:
+        if traffic is not None:
+            health = traffic.close()  # writes what the last requests left queued
+            print(f"traffic log {traffic.store.url}: {health.written} written, {health.dropped} dropped, "
+                  f"{health.lost} lost", file=sys.stderr)
     return 0
