@@ -46,6 +46,14 @@ def add_odia_parser(subparsers: argparse._SubParsersAction) -> None:
                        help="also read the small path's answer (calls, confidence): route after it has run")
     train.set_defaults(func=cmd_train_router)
 
+    selector = sub.add_parser("selector", help="train and calibrate the small path's tool selector (MiniLM + BM25) on fc-train")
+    selector.add_argument("--data", nargs="+", required=True, help="fc-train files or directories (never BFCL)")
+    selector.add_argument("--out", required=True, help="selector directory")
+    selector.add_argument("--identity", action="store_true", help="no training: MiniLM's cosine as it is, calibrated")
+    selector.add_argument("--epochs", type=int, default=30)
+    selector.add_argument("--seed", type=int, default=0)
+    selector.set_defaults(func=cmd_selector)
+
     status = sub.add_parser("status", help="versions, the champion and their held-out metrics")
     status.add_argument("--dir", default=None, help="versions directory (default: $HYFUNC_HOME/odia)")
     status.set_defaults(func=cmd_status)
@@ -130,6 +138,19 @@ def cmd_train_router(args: argparse.Namespace) -> int:
         return 0
 
     return _run(body)
+
+
+def cmd_selector(args: argparse.Namespace) -> int:
+    from hyfunc.routing.selector import prepare_selector
+
+    _, metrics = prepare_selector(args.data, args.out, train=not args.identity, options={"epochs": args.epochs},
+                                  seed=args.seed)
+    v, c = metrics["validation"], metrics["calibration"]
+    print(f"selector -> {args.out}: on {metrics['validation_examples']} held-out requests recall@1/3/5 "
+          f"{v['recall@1']:.1%} / {v['recall@3']:.1%} / {v['recall@5']:.1%}, exact set {v['exact_set_accuracy']:.1%}, "
+          f"refusals {v['refusal_accuracy']:.1%} (lexical weight {metrics['lexical_fit']['lexical_weight']:g}, "
+          f"keep >= {c['threshold']:.3f}, refuse below {c['refusal_threshold']:.3f}; {metrics['seconds']:.0f} s)")
+    return 0
 
 
 def _versions(directory: str | None):

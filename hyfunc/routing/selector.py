@@ -35,6 +35,11 @@ SELECTOR_OPTIONS = {"proj_dim": 256, "mlp_hidden": 0, "epochs": 30, "lr": 1e-3, 
 LIBRARY_INDEX_MIN = 64  # offered lists at least this long keep their BM25 index between requests
 
 
+def default_selector_dir() -> Path:
+    """The selector shipped with the package (`hyfunc odia selector --data fc-train` made it)."""
+    return Path(__file__).resolve().parents[1] / "data" / "selector"
+
+
 class ToolVectors:
     """MiniLM vectors of tools, cached by the tool's schema (a server sees the same tools again
     and again); least recently used entries go past `capacity`."""
