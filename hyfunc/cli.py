@@ -35,6 +35,11 @@ def _add_method_args(parser: argparse.ArgumentParser, prefix_caching: bool) -> N
     )
     parser.add_argument("--small-engine", choices=ENGINES, help="the cascade's small model on another engine")
     parser.add_argument(
+        "--router", metavar="DIR",
+        help="route each request to the small path or the cascade (method hyfunc): a versions directory of "
+        "`hyfunc odia cycle --out` (its champion) or one version",
+    )
+    parser.add_argument(
         "--prefix-caching", action=argparse.BooleanOptionalAction, default=prefix_caching,
         help="reuse the KV cache of the prompt prefix shared with the previous request (exact)",
     )
@@ -49,6 +54,12 @@ def _build_method(args: argparse.Namespace):
         args.method, model=args.model, style=args.style, device=args.device, prefix_caching=args.prefix_caching,
         artifact=args.artifact, ablate=tuple(args.ablate), engine=args.engine, small_engine=args.small_engine,
     )
+    if getattr(args, "router", None):
+        if args.method != "hyfunc":
+            raise ValueError("--router routes between the small path and the cascade: it needs --method hyfunc")
+        from hyfunc.routing.routed import RoutedMethod
+
+        method = RoutedMethod.load(method, args.router, engine=args.engine, device=args.device)
     print(f"loaded {method.name} in {time.perf_counter() - start:.1f}s", file=sys.stderr)
     return method
 
@@ -159,7 +170,8 @@ def _side_by_side_methods(args: argparse.Namespace) -> dict:
     from hyfunc.methods import load_method
 
     main = _build_method(args)
-    methods = {main.name if args.method == "direct" else f"hyfunc@{main.large.engine}": main}
+    kind = "routed" if getattr(args, "router", None) else "hyfunc"
+    methods = {main.name if args.method == "direct" else f"{kind}@{main.large.engine}": main}
     for stage in args.ablations:
         methods[f"hyfunc-no-{stage}"] = main.variant(CascadeOptions(**{stage: False}), f"hyfunc-no-{stage}")
     for spec in args.with_cascade:
