@@ -350,10 +350,11 @@ def main(argv: list[str] | None = None) -> int:
     ret.add_argument("--out", default="reports/retrieval", help="where retrieval.{json,md,png} go")
     ret.set_defaults(func=cmd_bench_retriever)
 
-    from hyfunc.eval.small_retrieval import add_small_retrieval_parser
+    from hyfunc.eval.odia_cli import add_bench_odia_parser, add_small_retrieval_parser
     from hyfunc.serving.bench import add_bench_serve_parser
 
     add_small_retrieval_parser(bench_sub)
+    add_bench_odia_parser(bench_sub)
 
     add_bench_serve_parser(bench_sub)
 

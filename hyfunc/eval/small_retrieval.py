@@ -122,35 +122,3 @@ def write_small_retrieval_report(result: dict, out_dir: str | Path) -> dict[str,
     paths["md"].write_text("\n".join(lines) + "\n", encoding="utf-8")
     return paths
 
-
-def add_small_retrieval_parser(bench_sub: Any) -> None:
-    parser = bench_sub.add_parser(
-        "small-retrieval", help="the small path's tool selector (MiniLM + BM25) vs the cascade's retriever, recall@k")
-    parser.add_argument("--data", nargs="+", required=True, help="fc-train files or directories (the validation split is used)")
-    parser.add_argument("--selector", default=None, help="selector directory (`hyfunc odia selector`; default: the shipped one)")
-    parser.add_argument("--artifact", help="cascade directory (default: the shipped one)")
-    parser.add_argument("--limit", type=int, default=None, help="at most N held-out requests with tools (plus their refusal examples)")
-    parser.add_argument("--no-identity", action="store_true", help="leave out the untrained MiniLM cosine (identity projections)")
-    parser.add_argument("--device", default=None)
-    parser.add_argument("--engine", default="transformers", help="engine of the cascade's large model")
-    parser.add_argument("--out", default="reports/small-retrieval", help="where small_retrieval.{json,md} go")
-    parser.set_defaults(func=cmd_small_retrieval)
-
-
-def cmd_small_retrieval(args: Any) -> int:
-    from hyfunc.methods.cascade import DEFAULT_ARTIFACT, HyFuncMethod
-    from hyfunc.routing.features import MiniLMEmbedder
-    from hyfunc.routing.selector import default_selector_dir, identity_selector
-
-    requests = held_out_requests(args.data, args.limit)
-    cascade = HyFuncMethod.load(args.artifact or DEFAULT_ARTIFACT, device=args.device, large_engine=args.engine,
-                                small_engine=args.engine)
-    embedder = MiniLMEmbedder()
-    rankers: dict[str, Ranker] = {"cascade retriever (large model + BM25)": cascade_ranker(cascade)}
-    rankers["small-path selector (MiniLM + BM25)"] = selector_ranker(
-        ToolSelector.load(args.selector or default_selector_dir(), embedder))
-    if not args.no_identity:
-        rankers["MiniLM cosine, untrained, uncalibrated"] = selector_ranker(ToolSelector(identity_selector(), embedder))
-    paths = write_small_retrieval_report(run_small_retrieval(rankers, requests), args.out)
-    print(paths["md"].read_text())
-    return 0

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import threading
 import time
 from collections import OrderedDict
@@ -104,9 +105,15 @@ class RoutedMethod:
 
     name = "routed"
 
-    def __init__(self, cascade: Any, routing: Routing, embedder: SharedEmbedder | None = None):
+    def __init__(self, cascade: Any, routing: Routing, embedder: SharedEmbedder | None = None,
+                 explore: float = 0.0, seed: int = 0):
         self.cascade, self.routing = cascade, routing
         self.embedder = embedder
+        # Exploration: a share of the requests the router sends to the small path goes to the
+        # cascade anyway, so the log keeps teacher answers where the small path serves (without
+        # them, later cycles would learn from the hard requests only).
+        self.explore = explore
+        self._rng = random.Random(seed)
         self._watch: tuple[Path, float, str | None] | None = None  # (versions root, poll s, champion)
         self._next_poll = 0.0
         self._loading = threading.Lock()
@@ -116,11 +123,11 @@ class RoutedMethod:
     # -- construction ----------------------------------------------------------------------
     @classmethod
     def load(cls, cascade: Any, directory: str | Path, engine: str = "transformers", device: str | None = None,
-             poll_seconds: float = 5.0) -> "RoutedMethod":
+             poll_seconds: float = 5.0, embedder: SharedEmbedder | None = None) -> "RoutedMethod":
         """Route between `cascade` and the small path of `directory` (see the module docstring).
         A versions directory without a champion yet routes nothing until one is promoted."""
         directory = Path(directory)
-        embedder = SharedEmbedder()
+        embedder = embedder or SharedEmbedder()
         if (directory / "router").is_dir() and (directory / "small").is_dir():
             method = cls(cascade, load_version(directory, embedder, engine, device, directory.name), embedder)
         elif (directory / "aliases.json").is_file() or (directory / "versions").is_dir():
@@ -206,13 +213,16 @@ class RoutedMethod:
         if routing.router is not None and routing.small is not None and routing.router.needs_small_answer and tools:
             small_answer = routing.small.answer(messages, tools)
         path, score = self.choose(messages, tools, routing, small_answer)
+        explored = path == "small" and self.explore > 0 and self._rng.random() < self.explore
+        if explored:
+            path = "cascade"
         route_seconds = time.perf_counter() - start - (small_answer.latency if small_answer else 0.0)
         answer = small_answer if path == "small" and small_answer is not None else (
             routing.small.answer(messages, tools) if path == "small" else self.cascade.answer(messages, tools))
         if small_answer is not None and path == "cascade":
             answer.timings.update({f"tried_{k}": v for k, v in small_answer.timings.items()})
         answer.timings["route"] = route_seconds
-        answer.details.update({"path": path, "router_score": score, "version": routing.version})
+        answer.details.update({"path": path, "router_score": score, "version": routing.version, "explored": explored})
         return answer
 
     @property
