@@ -53,6 +53,9 @@ def test_routed_method_answers_by_path(tmp_path: Path, small_model: Path) -> Non
     assert long.details["path"] == "cascade" and "large_prefill" in long.timings
     assert long.details["router_score"] < routed.routing.router.threshold
     assert routed.answer(_ask(SHORT), []).details["path"] == "cascade"  # nothing to call: no routing
+    routed.explore = 1.0  # every small-path decision explored: the cascade answers, the log keeps its answer
+    explored = routed.answer(_ask(SHORT), tools)
+    assert explored.details["path"] == "cascade" and explored.details["explored"] and "large_prefill" in explored.timings
     with pytest.raises(FileNotFoundError, match="neither a versions directory"):
         RoutedMethod.load(routed.cascade, tmp_path)
 

@@ -81,6 +81,8 @@ def test_small_method_answers_without_a_large_model(selector_dir: tuple[Path, di
     assert answer.details["retrieved"][0] == "get_weather" and answer.calls
     assert {c.name for c in answer.calls} <= set(answer.details["retrieved"])
     assert set(answer.timings) == {"select", "small_prefill", "small_decode"} and answer.injected_tokens > 0
+    # Its own confidence: the least certain generated token (a random model is unsure somewhere).
+    assert 0.0 < answer.details["confidence"] < 1.0
     again = method.answer(WEATHER, tools)
     assert again.calls == answer.calls and again.cached_tokens > 0  # instruction + same tools not run again
 

@@ -75,4 +75,5 @@ class SmallMethod:
         answer.input_tokens, answer.cached_tokens = len(prompt), reused
         answer.output_tokens, answer.injected_tokens = out.generated_tokens, out.injected_tokens
         answer.details["small_forward_passes"] = out.forward_calls
+        answer.details["confidence"] = out.min_probability  # mining keeps it as a routing feature
         return answer

@@ -205,6 +205,11 @@ class RoutedMethod:
         score = routing.router.score(messages, tools, calls, confidence)
         return ("small" if score >= routing.router.threshold else "cascade"), score
 
+    def _explored(self, path: str) -> tuple[str, bool]:
+        if path == "small" and self.explore > 0 and self._rng.random() < self.explore:
+            return "cascade", True
+        return path, False
+
     def answer(self, messages: Sequence[dict], tools: Sequence[Tool]) -> Answer:
         self._poll()
         routing = self.routing
@@ -213,9 +218,7 @@ class RoutedMethod:
         if routing.router is not None and routing.small is not None and routing.router.needs_small_answer and tools:
             small_answer = routing.small.answer(messages, tools)
         path, score = self.choose(messages, tools, routing, small_answer)
-        explored = path == "small" and self.explore > 0 and self._rng.random() < self.explore
-        if explored:
-            path = "cascade"
+        path, explored = self._explored(path)
         route_seconds = time.perf_counter() - start - (small_answer.latency if small_answer else 0.0)
         answer = small_answer if path == "small" and small_answer is not None else (
             routing.small.answer(messages, tools) if path == "small" else self.cascade.answer(messages, tools))
@@ -251,7 +254,7 @@ class RoutedMethod:
         if prepared.choice != "auto":
             return "cascade"  # forced or named calls, no-tool replies: the cascade's rules apply
         path, _ = self.choose(prepared.conversation.method_messages(), prepared.tools)
-        return path
+        return self._explored(path)[0]
 
 
 class _SmallSlot:
@@ -282,7 +285,7 @@ class _SmallSlot:
 
 
 def routed_serving(load_cascade: Callable[[], Any], directory: str | Path, engine: str = "transformers",
-                   device: str | None = None, poll_seconds: float = 5.0,
+                   device: str | None = None, poll_seconds: float = 5.0, explore: float = 0.0,
                    ) -> tuple[Callable[[], dict[str, Any]], Callable[[Any], str]]:
     """(loader, router) for `create_app(loader, router=router)`: the loader (run in the background
     at start-up) loads the cascade and the routing directory; the router routes with them."""
@@ -290,6 +293,7 @@ def routed_serving(load_cascade: Callable[[], Any], directory: str | Path, engin
 
     def load() -> dict[str, Any]:
         routed = RoutedMethod.load(load_cascade(), directory, engine, device, poll_seconds)
+        routed.explore = explore
         holder.append(routed)
         return routed.server_paths()
 

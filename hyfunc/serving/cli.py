@@ -48,6 +48,11 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="route each request to the small path or the cascade (method hyfunc): a versions directory of "
         "`hyfunc odia cycle --out` (its champion, promotions picked up live) or one version",
     )
+    serve.add_argument(
+        "--explore", type=float, default=0.05,
+        help="with --router: share of the requests routed to the small path answered by the cascade anyway, so that "
+        "the traffic log keeps the large path's answers for the next cycles (default 0.05)",
+    )
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     serve.set_defaults(func=cmd_serve)
     return serve
@@ -97,7 +102,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             return 2
         from hyfunc.routing.routed import routed_serving
 
-        load, router = routed_serving(load, args.router, device=args.device)
+        load, router = routed_serving(load, args.router, device=args.device, explore=args.explore)
     try:
         traffic = traffic_log(args.traffic)
     except StoreError as err:

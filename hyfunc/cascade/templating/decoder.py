@@ -26,6 +26,7 @@ class TemplatedOutput:
     forward_seconds: float = 0.0  # of which in model forward passes
     drafted_tokens: int = 0  # value tokens proposed by copying from `draft_source`
     accepted_draft_tokens: int = 0  # of which the model's own greedy choice (no pass of their own)
+    min_probability: float = 1.0  # lowest probability of a generated token among the allowed ones
 
 
 
@@ -95,6 +96,7 @@ class TemplateDecoder:
             forward_seconds=session.forward_seconds,
             drafted_tokens=session.drafted,
             accepted_draft_tokens=session.accepted,
+            min_probability=session.min_probability,
         )
 
     def target(self, calls: Sequence[Call], tools: Sequence[Tool]) -> tuple[list[int], list[bool], list[bool]]:
