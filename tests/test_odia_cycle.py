@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import random
-from pathlib import Path
 
 import pytest
 
@@ -105,6 +104,9 @@ def test_cycles_promote_refuse_and_serve(setup: dict, capsys: pytest.CaptureFixt
     assert broken.candidate["share"] >= 0.9 and any("agreement" in r for r in broken.reasons)
     assert broken.distillation["warm_start"].endswith("adapter")  # continued from the champion's adapter
     assert versions.manifest(broken.version)["parents"] == [v1] and len(versions.list()) == 2
+    with open_store(setup["store"]) as store:  # the same traffic again: not re-judged
+        again = run_cycle(store, versions, setup["artifact"], config)
+    assert again.status == "skipped" and "newer than the last cycle" in again.reasons[0]
 
     # The champion, served: ping requests on the small path, weather requests on the cascade.
     routed = RoutedMethod.load(HyFuncMethod.load(setup["artifact"]), setup["versions"])
