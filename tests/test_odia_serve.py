@@ -95,3 +95,31 @@ def test_bare_flag_is_the_embedded_store(tmp_path: Path, monkeypatch: pytest.Mon
         assert Path(log.store.url) == tmp_path / "traffic.sqlite"
     finally:
         log.close()
+
+
+def test_fuzzed_feedback_gets_no_server_error(logged_server: Any, tmp_path: Path) -> None:
+    """Schemathesis on the feedback route of the server's own OpenAPI schema: never a 5xx."""
+    import schemathesis
+    from hypothesis import HealthCheck, given, settings
+
+    from hyfunc.routing.traffic import TrafficLog
+    from hyfunc.serving import ServeConfig, create_app
+
+    base, _ = logged_server
+    log = TrafficLog(tmp_path / "schema.sqlite")  # the route exists only with a log: the schema says so
+    try:
+        schema = schemathesis.openapi.from_dict(create_app(lambda: None, ServeConfig(), traffic=log).openapi())
+    finally:
+        log.close()
+    (operation,) = [r.ok() for r in schema.get_all_operations() if r.ok().path == "/v1/feedback"]
+    statuses: list[int] = []
+
+    @given(case=operation.as_strategy())
+    @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    def send(case: Any) -> None:
+        response = case.call(base_url=base, headers={"authorization": f"Bearer {KEY}"}, timeout=30)
+        statuses.append(response.status_code)
+        assert response.status_code < 500, (case.body, response.text)
+
+    send()
+    assert statuses and set(statuses) <= {200, 400, 404}
