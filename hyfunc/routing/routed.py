@@ -229,6 +229,14 @@ class RoutedMethod:
         return answer
 
     @property
+    def config(self) -> dict:
+        """What a report records about this method (hyfunc.eval.bfcl.run_metadata)."""
+        routing = self.routing
+        return {"cascade": getattr(self.cascade, "config", None), "version": routing.version,
+                "router_threshold": None if routing.router is None else routing.router.threshold,
+                "small": None if routing.small is None else routing.small.config, "explore": self.explore}
+
+    @property
     def large(self) -> Any:
         """The cascade's large model (side-by-side evaluations share it)."""
         return self.cascade.large
