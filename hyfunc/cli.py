@@ -48,6 +48,8 @@ def _add_method_args(parser: argparse.ArgumentParser, prefix_caching: bool) -> N
 def _build_method(args: argparse.Namespace):
     from hyfunc.methods import load_method
 
+    if getattr(args, "router", None) and args.method != "hyfunc":
+        raise ValueError("--router routes between the small path and the cascade: it needs --method hyfunc")
     start = time.perf_counter()
     # A fixed tool library (demo, call) is read once; BFCL cases each bring their own tools.
     method = load_method(
@@ -55,8 +57,6 @@ def _build_method(args: argparse.Namespace):
         artifact=args.artifact, ablate=tuple(args.ablate), engine=args.engine, small_engine=args.small_engine,
     )
     if getattr(args, "router", None):
-        if args.method != "hyfunc":
-            raise ValueError("--router routes between the small path and the cascade: it needs --method hyfunc")
         from hyfunc.routing.routed import RoutedMethod
 
         method = RoutedMethod.load(method, args.router, engine=args.engine, device=args.device)

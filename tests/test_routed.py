@@ -118,3 +118,23 @@ def test_the_server_routes_logs_and_switches_versions_live(routed_server: Any) -
         small, large = store.get(short_id).request, store.get(long_id).request
     assert small.path == "small" and "select" in small.timings and "large_prefill" not in small.timings
     assert small.models["method"].startswith("small@") and large.path == "cascade"
+
+
+def test_hyfunc_call_routes_and_logs_the_path(tmp_path: Path, small_model: Path) -> None:
+    import json
+
+    from hyfunc.cli import main
+    from tests.odia_fixtures import tiny_artifact
+
+    versions, v1, _ = _versions(tmp_path / "odia", small_model)
+    versions.promote(v1)
+    tools = tmp_path / "tools.json"
+    tools.write_text(json.dumps(TOOLS))
+    store = tmp_path / "traffic.sqlite"
+    base = ["call", "--tools", str(tools), "--artifact", str(tiny_artifact(tmp_path / "cascade")),
+            "--router", str(versions.root), "--traffic", str(store)]
+    assert main(base + ["--query", SHORT]) == 0 and main(base + ["--query", LONG]) == 0
+    with open_store(store) as opened:
+        paths = {s.request.messages[0]["content"]: s.request.path for s in opened.iter_requests()}
+    assert paths == {SHORT: "small", LONG: "cascade"}
+    assert main(["call", "--tools", str(tools), "--query", SHORT, "--method", "direct", "--router", str(versions.root)]) == 2
