@@ -49,6 +49,11 @@ def _add_method_args(parser: argparse.ArgumentParser, prefix_caching: bool) -> N
     )
     parser.add_argument("--small-engine", choices=ENGINES, help="the cascade's small model on another engine")
     parser.add_argument(
+        "--router", metavar="DIR",
+        help="route each request to the small path or the cascade (method hyfunc): a versions directory of "
+        "`hyfunc odia cycle --out` (its champion) or one version",
+    )
+    parser.add_argument(
         "--prefix-caching", action=argparse.BooleanOptionalAction, default=prefix_caching,
         help="reuse the KV cache of the prompt prefix shared with the previous request (exact)",
     )
@@ -58,6 +63,8 @@ def _build_method(args: argparse.Namespace):
     from hyfunc.methods import load_method
 
     check_method_options(args)
+    if getattr(args, "router", None) and args.method != "hyfunc":
+        raise InputError("--router routes between the small path and the cascade: it needs --method hyfunc")
     start = time.perf_counter()
     with steps(f"loading {args.method}", total=1) as progress:
         progress.next("models")
@@ -68,6 +75,10 @@ def _build_method(args: argparse.Namespace):
             engine=args.engine, small_engine=args.small_engine,
         )
     models = [m for m in (getattr(method, "large", None), getattr(method, "small", None), getattr(method, "backend", None)) if m]
+    if getattr(args, "router", None):
+        from hyfunc.routing.routed import RoutedMethod
+
+        method = RoutedMethod.load(method, args.router, engine=args.engine, device=args.device)
     print(f"loaded {method.name} in {time.perf_counter() - start:.1f}s: " + "; ".join(m.description for m in models), file=sys.stderr)
     return method
 
@@ -108,6 +119,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_call(args: argparse.Namespace) -> int:
     tools = read_tools_file(args.tools)
+    from hyfunc.routing.recording import RecordedMethod, traffic_log
+
+    log = traffic_log(args.traffic)
     method = _build_method(args)
     # The cascade reads a fixed library once; above MAX_PROMPT_TOOLS no prompt holds it, and it
     # is read per function (with the artifact's library retriever) instead.
@@ -115,12 +129,23 @@ def cmd_call(args: argparse.Namespace) -> int:
         with steps("reading the tool library", total=1) as progress:
             progress.next(f"{len(tools)} tools")
             method.use_library(tools)
+    if log is not None:
+        method = RecordedMethod(method, log)
     answer = method.answer([{"role": "user", "content": args.query}], tools)
     if args.timings:
         print(_format_timings(answer), file=sys.stderr)
     print(format_answer(answer, args.format))
     if answer.error is not None and args.format != "json":  # the json form carries the error itself
         print(f"error: {one_line(answer.error)}", file=sys.stderr)
+    if log is not None:
+        health = log.close()
+        where = log.store.url
+        if health.written:
+            store = " --store URL" if args.traffic else ""
+            print(f"logged as {answer.details['request_id']} in {where} (feedback: hyfunc odia feedback "
+                  f"{answer.details['request_id']} good|bad{store})", file=sys.stderr)
+        else:
+            print(f"warning: not logged to {where}: {health.last_error}", file=sys.stderr)
     return 0 if answer.error is None else 1
 
 
@@ -158,7 +183,8 @@ def _side_by_side_methods(args: argparse.Namespace) -> dict:
     from hyfunc.methods import load_method
 
     main = _build_method(args)
-    methods = {main.name if args.method == "direct" else f"hyfunc@{main.large.engine}": main}
+    kind = "routed" if getattr(args, "router", None) else "hyfunc"
+    methods = {main.name if args.method == "direct" else f"{kind}@{main.large.engine}": main}
     for stage in args.ablations:
         methods[f"hyfunc-no-{stage}"] = main.variant(CascadeOptions(**{stage: False}), f"hyfunc-no-{stage}")
     for spec in args.with_cascade:
@@ -295,6 +321,9 @@ def main(argv: list[str] | None = None) -> int:
         "--format", default="json", choices=CALL_FORMATS,
         help="json: {calls, error} (default); openai: an assistant message with tool_calls; python: [f(a=1)]",
     )
+    from hyfunc.routing.recording import TRAFFIC_HELP
+
+    call.add_argument("--traffic", nargs="?", const="", default=None, metavar="URL", help=TRAFFIC_HELP)
     _add_method_args(call, prefix_caching=True)
     call.set_defaults(func=cmd_call)
 
@@ -356,7 +385,11 @@ def main(argv: list[str] | None = None) -> int:
     ret.add_argument("--out", default="reports/retrieval", help="where retrieval.{json,md,png} go")
     ret.set_defaults(func=cmd_bench_retriever)
 
+    from hyfunc.eval.odia_cli import add_bench_odia_parser, add_small_retrieval_parser
     from hyfunc.serving.bench import add_bench_serve_parser
+
+    add_small_retrieval_parser(bench_sub)
+    add_bench_odia_parser(bench_sub)
 
     add_bench_serve_parser(bench_sub)
 

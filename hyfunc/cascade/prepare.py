@@ -163,7 +163,7 @@ def prepare_retriever(
 @dataclass
 class SFTItem:
     prompt: SmallPrompt
-    soft_token: torch.Tensor
+    soft_token: torch.Tensor | None  # None: a prompt without the soft-token slot (the small path)
     target_ids: list[int]
     loss_mask: list[bool]
     pattern: str  # call_pattern of the example, for balanced sampling
@@ -191,16 +191,21 @@ def sft_items(
 
 
 def train_small(
-    directory: Path, small: Backend, large_hidden: int, items: list[SFTItem], config: PrepareConfig
-) -> tuple[SoftTokenProjector, dict]:
-    """Projector + LoRA adapter, trained together; a checkpoint per epoch lets a run resume."""
+    directory: Path, small: Backend, large_hidden: int | None, items: list[SFTItem], config: PrepareConfig
+) -> tuple[SoftTokenProjector | None, dict]:
+    """Projector + LoRA adapter, trained together; a checkpoint per epoch lets a run resume.
+    `large_hidden` None: no soft token, the adapter alone (the small path's distillation,
+    hyfunc.routing.distil; its items have no soft token). An adapter already in `sft/adapter`
+    before the first epoch is where training starts (a warm start)."""
     from peft import LoraConfig, PeftModel, get_peft_model
 
     torch.manual_seed(config.seed)
     checkpoint = directory / "sft"
-    projector = SoftTokenProjector(large_hidden, small.model.get_input_embeddings().embedding_dim)
+    projector = None if large_hidden is None else SoftTokenProjector(large_hidden, small.model.get_input_embeddings().embedding_dim)
+    if projector is None and not config.lora_rank:
+        raise ValueError("without a soft token only the LoRA adapter is trained: lora_rank must be > 0")
     state = json.loads((checkpoint / "state.json").read_text()) if (checkpoint / "state.json").is_file() else {"epoch": 0, "losses": []}
-    if state["epoch"]:
+    if state["epoch"] and projector is not None:
         projector.load_state_dict(load_file(str(checkpoint / "projector.safetensors")))
     if config.lora_rank:
         if (checkpoint / "adapter").is_dir():
@@ -211,7 +216,7 @@ def train_small(
             small.model = get_peft_model(small.model, lora)
     else:
         small.model.requires_grad_(False)
-    params = list(projector.parameters()) + [p for p in small.model.parameters() if p.requires_grad]
+    params = (list(projector.parameters()) if projector is not None else []) + [p for p in small.model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.sft_lr)
     small.model.train()
     # bf16 matmuls where the hardware has them (weights and optimizer state stay fp32): ~3x faster
@@ -233,13 +238,15 @@ def train_small(
                 optimizer.zero_grad(set_to_none=True)
         state["losses"].append(sum(running) / max(len(running), 1))
         state["epoch"] = epoch + 1
-        save_projector(projector, checkpoint)
+        if projector is not None:
+            save_projector(projector, checkpoint)
         if config.lora_rank:
             small.model.save_pretrained(checkpoint / "adapter")
         (checkpoint / "state.json").write_text(json.dumps(state))
     small.model.eval()
-    projector.eval()
-    save_projector(projector, directory)
+    if projector is not None:
+        projector.eval()
+        save_projector(projector, directory)
     if config.lora_rank:
         small.model.save_pretrained(directory / "adapter")
     return projector, {"epoch_losses": state["losses"], "items": len(items)}

@@ -46,6 +46,36 @@ def add_odia_parser(subparsers: argparse._SubParsersAction) -> None:
                        help="also read the small path's answer (calls, confidence): route after it has run")
     train.set_defaults(func=cmd_train_router)
 
+    selector = sub.add_parser("selector", help="train and calibrate the small path's tool selector (MiniLM + BM25) on fc-train")
+    selector.add_argument("--data", nargs="+", required=True, help="fc-train files or directories (never BFCL)")
+    selector.add_argument("--out", required=True, help="selector directory")
+    selector.add_argument("--identity", action="store_true", help="no training: MiniLM's cosine as it is, calibrated")
+    selector.add_argument("--epochs", type=int, default=30)
+    selector.add_argument("--seed", type=int, default=0)
+    selector.set_defaults(func=cmd_selector)
+
+    cycle = sub.add_parser("cycle", help="one gated update: distil -> mine -> router -> replay held-out traffic -> promote if not worse")
+    cycle.add_argument("--store", default=None, help=STORE_HELP)
+    cycle.add_argument("--artifact", default=None, help="the served cascade (its small model and adapter; default: the shipped one)")
+    cycle.add_argument("--out", default=None, help="versions directory (default: $HYFUNC_HOME/odia); serve it with --router")
+    cycle.add_argument("--every", default=None, metavar="PERIOD", help="run again every PERIOD (seconds, or 30m, 1h, 1d)")
+    cycle.add_argument("--window", default=None, metavar="PERIOD", help="only the traffic of the last PERIOD (default: all)")
+    cycle.add_argument("--target", type=float, default=0.99, help="agreement with the large path to keep (default 0.99)")
+    cycle.add_argument("--holdout", type=float, default=0.2, help="newest share of the window held out for the gate")
+    cycle.add_argument("--min-requests", type=int, default=100, help="fewer large-path requests: skip the cycle")
+    cycle.add_argument("--replay-data", nargs="*", default=[], help="fc-train files: a replay sample mixed into distillation")
+    cycle.add_argument("--replay-fraction", type=float, default=0.5, help="replay examples per teacher example")
+    cycle.add_argument("--selector", default=None, help="the first version's tool selector (default: the shipped one)")
+    cycle.add_argument("--engine", default="transformers", help="engine the small path is measured on (as served)")
+    cycle.add_argument("--epochs", type=int, default=1, help="distillation epochs")
+    cycle.add_argument("--lora-rank", type=int, default=16, help="rank of a new adapter (a warm start keeps its own)")
+    cycle.add_argument("--max-items", type=int, default=None, help="distil on at most N teacher answers")
+    cycle.add_argument("--agreement-tolerance", type=float, default=0.005)
+    cycle.add_argument("--accuracy-tolerance", type=float, default=0.01)
+    cycle.add_argument("--latency-tolerance", type=float, default=0.05, help="relative growth of mean latency allowed")
+    cycle.add_argument("--json", action="store_true", help="print each cycle's report as JSON")
+    cycle.set_defaults(func=cmd_cycle)
+
     status = sub.add_parser("status", help="versions, the champion and their held-out metrics")
     status.add_argument("--dir", default=None, help="versions directory (default: $HYFUNC_HOME/odia)")
     status.set_defaults(func=cmd_status)
@@ -130,6 +160,72 @@ def cmd_train_router(args: argparse.Namespace) -> int:
         return 0
 
     return _run(body)
+
+
+def cmd_selector(args: argparse.Namespace) -> int:
+    from hyfunc.routing.selector import prepare_selector
+
+    _, metrics = prepare_selector(args.data, args.out, train=not args.identity, options={"epochs": args.epochs},
+                                  seed=args.seed)
+    v, c = metrics["validation"], metrics["calibration"]
+    print(f"selector -> {args.out}: on {metrics['validation_examples']} held-out requests recall@1/3/5 "
+          f"{v['recall@1']:.1%} / {v['recall@3']:.1%} / {v['recall@5']:.1%}, exact set {v['exact_set_accuracy']:.1%}, "
+          f"refusals {v['refusal_accuracy']:.1%} (lexical weight {metrics['lexical_fit']['lexical_weight']:g}, "
+          f"keep >= {c['threshold']:.3f}, refuse below {c['refusal_threshold']:.3f}; {metrics['seconds']:.0f} s)")
+    return 0
+
+
+def parse_period(text: str) -> float:
+    """Seconds from "90", "30m", "1h", "1d"."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    try:
+        value = float(text[:-1]) * units[text[-1]] if text and text[-1] in units else float(text)
+    except ValueError:
+        raise StoreError(f"bad period {text!r}: use seconds or a number with s, m, h or d") from None
+    if value <= 0:
+        raise StoreError(f"a period must be positive, got {text!r}")
+    return value
+
+
+def cmd_cycle(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from hyfunc.methods.cascade import DEFAULT_ARTIFACT
+    from hyfunc.models.registry import hyfunc_home
+    from hyfunc.routing.cycle import CycleConfig, cycle_json, describe, run_cycle
+    from hyfunc.routing.distil import DistilConfig
+    from hyfunc.routing.routed import SharedEmbedder
+    from hyfunc.routing.versions import GateConfig, Versions
+
+    def body() -> int:
+        every = parse_period(args.every) if args.every else None
+        window = parse_period(args.window) if args.window else None
+        versions = Versions(Path(args.out) if args.out else hyfunc_home() / "odia")
+        embedder = SharedEmbedder()
+        distil = DistilConfig(epochs=args.epochs, lora_rank=args.lora_rank, replay_fraction=args.replay_fraction,
+                              max_items=args.max_items)
+        gate = GateConfig(args.agreement_tolerance, args.accuracy_tolerance, args.latency_tolerance)
+        with _open_existing(args.store) as store:
+            while True:
+                started = time.time()
+                config = CycleConfig(target=args.target, holdout=args.holdout, min_requests=args.min_requests,
+                                     since=None if window is None else started - window, replay_data=args.replay_data,
+                                     selector=args.selector, engine=args.engine, gate=gate, distil=distil)
+                try:
+                    report = run_cycle(store, versions, args.artifact or DEFAULT_ARTIFACT, config, embedder)
+                    print(json.dumps(cycle_json(report), indent=2, default=str) if args.json else describe(report), flush=True)
+                except StoreUnavailable as e:
+                    if every is None:
+                        raise
+                    print(f"error: {e}; retrying at the next cycle", file=sys.stderr, flush=True)
+                if every is None:
+                    return 0
+                time.sleep(max(0.0, started + every - time.time()))
+
+    try:
+        return _run(body)
+    except KeyboardInterrupt:
+        return 0
 
 
 def _versions(directory: str | None):

@@ -88,10 +88,13 @@ def label_request(stored: StoredRequest, small: SmallOutput | None, small_path_n
 
 def mine(store: TrafficStore, small_path: SmallPath, *, small_path_name: str,
          embedder: Embedder | None = None, query: Query = Query(), relabel: bool = False,
-         batch_size: int = 64, large_paths: Sequence[str] = LARGE_PATHS) -> MiningReport:
+         batch_size: int = 64, large_paths: Sequence[str] = LARGE_PATHS,
+         save: Callable[[list[Label]], None] | None = None) -> MiningReport:
     """Label the large path's logged requests matching `query` (those not labelled yet, unless
     `relabel`: after the small model changed, every label must be recomputed). Labels are
-    saved per batch, so an interrupted run keeps its work and a rerun continues."""
+    saved per batch, so an interrupted run keeps its work and a rerun continues. `save`: where
+    labels go instead of the store (a cycle labels with a candidate small path, and stores
+    those labels only if the candidate is promoted)."""
     started = time.perf_counter()
     report = MiningReport()
     selection = Query(query.since, query.until, tuple(large_paths) if query.paths is None else query.paths,
@@ -115,7 +118,7 @@ def mine(store: TrafficStore, small_path: SmallPath, *, small_path_name: str,
             for label, vector in zip(labels, vectors):
                 label.embedding = [float(x) for x in vector]
                 label.embedder = embedder.name
-        store.save_labels(labels)
+        (save or store.save_labels)(labels)
         report.labelled += len(labels)
         report.simple += sum(l.simple for l in labels)
         batch.clear()

@@ -171,7 +171,8 @@ class Router:
             raise RouterError(f"cannot read router at {path}: {e}") from None
         if manifest.get("format") != ROUTER_FORMAT:
             raise RouterError(f"router at {path} has format {manifest.get('format')}, expected {ROUTER_FORMAT}")
-        if embedder is not None and getattr(embedder, "name", None) != manifest["embedder"]:
+        # A router on scalar features only (embedder "") reads no embedding: any embedder is fine.
+        if embedder is not None and manifest["embedder"] and getattr(embedder, "name", None) != manifest["embedder"]:
             raise RouterError(f"router was trained on {manifest['embedder']} embeddings, "
                               f"not {getattr(embedder, 'name', None)}")
         return cls(tensors["weight"], float(tensors["bias"][0]), tensors["mean"], tensors["scale"], manifest, embedder)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
+from hyfunc.errors import SetupError
 from hyfunc.routing.record import ServedRequest
 
 FEEDBACK = ("good", "bad")
@@ -25,7 +26,7 @@ FEEDBACK = ("good", "bad")
 LARGE_PATHS = ("cascade", "large", "direct")
 
 
-class StoreError(RuntimeError):
+class StoreError(SetupError):
     """A traffic-store failure; the message is one line meant for the user."""
 
 

@@ -24,7 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hyfunc.routing.record import ServedRequest
-from hyfunc.routing.store import EncodedRequest, StoreError, StoreUnavailable, TrafficStore, encode, open_store
+from hyfunc.routing.store import (
+    EncodedRequest, StoreError, StoreUnavailable, TrafficStore, UnknownRequest, check_feedback, encode, open_store,
+)
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,19 @@ class TrafficLog:
                     return False
                 self._progress.wait(left if left is None else min(left, 0.5))
             return True
+
+    def feedback(self, request_id: str, verdict: str, wait: float = 2.0) -> None:
+        """Record a client's verdict (good | bad) on a logged answer. A request answered moments ago
+        may still sit in the queue: on an unknown id the queue is flushed (for at most `wait` s)
+        and the update tried once more. Raises StoreError (bad verdict), UnknownRequest,
+        StoreUnavailable: unlike record(), this is the caller's own request and must say why."""
+        check_feedback(verdict)
+        try:
+            self.store.set_feedback(request_id, verdict, at=time.time())
+        except UnknownRequest:
+            if not self.flush(timeout=wait):
+                raise
+            self.store.set_feedback(request_id, verdict, at=time.time())
 
     def close(self, timeout: float = 10.0) -> LogHealth:
         """Stop accepting, write what is queued (retrying for up to `timeout` s if the store is

@@ -37,6 +37,7 @@ from hyfunc.serving.metrics import ServerMetrics
 from hyfunc.serving.protocol import ChatCompletion, ChatCompletionRequest, ErrorResponse, Health, ModelList
 from hyfunc.serving.service import ChatService, Outcome, Prepared, Router, ServeConfig, path_name
 from hyfunc.serving.streaming import DONE, ChunkWriter, completion_body, sse, sse_comment
+from hyfunc.serving.traffic_routes import add_traffic_routes, traffic_health
 from hyfunc.serving.worker import Cancelled, ModelWorker, QueueFull
 
 log = logging.getLogger("hyfunc.serving")
@@ -345,7 +346,13 @@ def create_app(
     @app.get("/health", response_model=Health, responses={503: {"model": Health}})
     async def health() -> JSONResponse:
         status, detail = state.health()
-        return JSONResponse({"status": status, "detail": detail}, status_code=200 if status == "ok" else 503)
+        body = {"status": status, "detail": detail}
+        if (log := traffic_health(traffic)) is not None:
+            body["traffic"] = log  # the traffic log's counters: written, dropped, lost, ...
+        return JSONResponse(body, status_code=200 if status == "ok" else 503)
+
+    # POST /v1/feedback and the traffic log's metrics (traffic_routes.py), when a log is given.
+    add_traffic_routes(app, traffic, metrics.registry, lambda request: _authorize(request, config.api_key))
 
     @app.get("/metrics", response_class=Response)
     async def prometheus() -> Response:

@@ -47,6 +47,19 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="tool libraries whose large-model state (KV cache, embeddings) the cascade keeps, LRU (0: off)",
     )
     serve.add_argument("--library-cache-mb", type=int, default=2048, help="memory bound of that cache")
+    from hyfunc.routing.recording import TRAFFIC_HELP
+
+    serve.add_argument("--traffic", nargs="?", const="", default=None, metavar="URL", help=TRAFFIC_HELP)
+    serve.add_argument(
+        "--router", metavar="DIR",
+        help="route each request to the small path or the cascade (method hyfunc): a versions directory of "
+        "`hyfunc odia cycle --out` (its champion, promotions picked up live) or one version",
+    )
+    serve.add_argument(
+        "--explore", type=float, default=0.05,
+        help="with --router: share of the requests routed to the small path answered by the cascade anyway, so that "
+        "the traffic log keeps the large path's answers for the next cycles (default 0.05)",
+    )
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     serve.set_defaults(func=cmd_serve)
     return serve
@@ -86,7 +99,30 @@ def cmd_serve(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return method
 
-    app = create_app(load, config)
+    # Learning from traffic (hyfunc.routing): the log and the router are opt-in.
+    from hyfunc.routing.recording import traffic_log
+    from hyfunc.routing.store import StoreError
+
+    router = None
+    if args.router:
+        if args.method != "hyfunc":
+            print("error: --router routes between the small path and the cascade: it needs --method hyfunc", file=sys.stderr)
+            return 2
+        from hyfunc.routing.routed import routed_serving
+
+        load, router = routed_serving(load, args.router, device=args.device, explore=args.explore)
+    try:
+        traffic = traffic_log(args.traffic)
+    except StoreError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    app = create_app(load, config, traffic=traffic, router=router)
     # The models load in the background: /health answers 503 until they are ready.
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=60)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=60)
+    finally:
+        if traffic is not None:
+            health = traffic.close()  # writes what the last requests left queued
+            print(f"traffic log {traffic.store.url}: {health.written} written, {health.dropped} dropped, "
+                  f"{health.lost} lost", file=sys.stderr)
     return 0

@@ -191,3 +191,4 @@ class ErrorResponse(BaseModel):
 class Health(BaseModel):
     status: Literal["ok", "loading", "failed"]
     detail: str | None = None
+    traffic: dict | None = None  # the traffic log's counters, when the server logs traffic

@@ -27,6 +27,7 @@ class TemplatedOutput:
     drafted_tokens: int = 0  # value tokens proposed by copying from `draft_source`
     accepted_draft_tokens: int = 0  # of which the model's own greedy choice (no pass of their own)
     rewinds: int = 0  # repeated calls or array items taken back by the repeat guard
+    min_probability: float = 1.0  # lowest probability of a generated token among the allowed ones
 
 
 class TemplateDecoder:
@@ -100,6 +101,7 @@ class TemplateDecoder:
             drafted_tokens=session.drafted,
             accepted_draft_tokens=session.accepted,
             rewinds=session.rewinds,
+            min_probability=session.min_probability,
         )
 
     def target(self, calls: Sequence[Call], tools: Sequence[Tool]) -> tuple[list[int], list[bool], list[bool]]:

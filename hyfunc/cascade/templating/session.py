@@ -83,6 +83,7 @@ class Session:
         self.holds: list[Hold] = []  # live holds, outermost (earliest) first
         self.published = 0  # text_parts already passed to on_text
         self.rewinds = 0  # repeats taken back by the guard
+        self.min_probability = 1.0  # lowest probability of a generated token among its allowed set
 
     # -- emission --------------------------------------------------------------------------
     def _append(self, tid: int, generated: bool) -> None:
@@ -273,15 +274,20 @@ class Session:
         else:
             logits = self._current_logits()
             if isinstance(allowed, torch.Tensor):
-                tid = int(torch.argmax(logits.masked_fill(~allowed, -math.inf)))
+                masked = logits.masked_fill(~allowed, -math.inf)
+                tid = int(torch.argmax(masked))
                 if not allowed[tid]:  # every allowed logit is -inf (or NaN): take the first allowed
                     tid = int(torch.nonzero(allowed)[0])
             else:
                 if not allowed:
                     raise RuntimeError("no allowed token")
-                sub = logits[torch.tensor(allowed)]
-                sub = torch.nan_to_num(sub, nan=-math.inf)
-                tid = allowed[int(torch.argmax(sub))]
+                masked = torch.nan_to_num(logits[torch.tensor(allowed)], nan=-math.inf)
+                tid = allowed[int(torch.argmax(masked))]
+            # The model's own confidence: the chosen token's probability among the allowed ones
+            # (the lowest over the output is what a router reads; hyfunc.routing.features).
+            best = float(masked.max())
+            if math.isfinite(best):
+                self.min_probability = min(self.min_probability, math.exp(best - float(torch.logsumexp(masked, 0))))
         s = self.vocab.strings[tid]
         assert s is not None
         self._append(tid, True)

@@ -1,0 +1,228 @@
+"""`hyfunc bench odia`: learning from traffic, simulated. A stream of real fc-train requests is
+served, logged, and learned from by gated cycles; after each cycle the served system is measured
+on a held-out slice against the cascade alone and the large model answering directly, all in the
+same run on the same machine.
+
+- Stream: fc-train *train-split* requests in a seeded order; served in phases of `cycle_every`
+  requests by the current system (the cascade alone at first, then the routed champion, with an
+  exploration share sent to the cascade so the log keeps teacher answers), each answer logged
+  to a fresh store (SQLite) exactly as `hyfunc serve --traffic` logs it. After each phase a
+  cycle (hyfunc.routing.cycle) distils, mines, trains the router and promotes it or not.
+- Held-out slice: fc-train *validation-split* requests (never served, never trained on, also
+  held out of the cascade's own training). Measured once for the cascade and the direct large
+  model, then after every cycle for the routed champion: share on the small path, agreement
+  with the cascade's answers, accuracy against gold (`same_calls`), wall-clock latency (mean,
+  median, p90).
+- Scenarios: each request with its own tools (default, quick), or one fixed library for every
+  request (`--library`, e.g. ../shared/data/tool-library/sealtools.jsonl with the requests whose
+  gold tools are in it: the server case at scale).
+"""
+from __future__ import annotations
+
+import json
+import random
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from tqdm.auto import tqdm
+
+from hyfunc.cascade.data import Example, load_examples, split_examples
+from hyfunc.formats.calls import same_calls
+from hyfunc.formats.schema import Tool
+from hyfunc.routing.cycle import CycleConfig, run_cycle
+from hyfunc.routing.recording import RecordedMethod
+from hyfunc.routing.routed import RoutedMethod, SharedEmbedder
+from hyfunc.routing.store import open_store
+from hyfunc.routing.traffic import TrafficLog
+from hyfunc.routing.versions import Versions
+
+
+@dataclass
+class OdiaBenchConfig:
+    stream: int = 600  # requests served (and logged) in all
+    cycle_every: int = 150  # a cycle after each this many served requests
+    held_out: int = 100  # validation-split requests the systems are measured on
+    explore: float = 0.1  # share of small-path decisions served by the cascade anyway (teacher labels)
+    seed: int = 0
+    cycle: CycleConfig = field(default_factory=CycleConfig)
+
+
+def scenario(data: Sequence[str], library: Sequence[Tool] | None, config: OdiaBenchConfig) -> tuple[list[Example], list[Example]]:
+    """(stream, held-out) examples; with a fixed `library`, only requests whose gold tools are all
+    in it, each then offered the whole library."""
+    train, val = split_examples(load_examples(list(data)))
+    if library is not None:
+        names = {t.name for t in library}
+        keep = lambda ex: ex.answers and all(c.name in names for c in ex.answers)  # noqa: E731
+        train, val = [ex for ex in train if keep(ex)], [ex for ex in val if keep(ex)]
+    else:
+        train, val = [ex for ex in train if ex.tools], [ex for ex in val if ex.tools]
+    rng = random.Random(config.seed)
+    rng.shuffle(train)
+    rng.shuffle(val)
+    return train[:config.stream], val[:config.held_out]
+
+
+def _tools(ex: Example, library: Sequence[Tool] | None) -> list[Tool]:
+    return list(library) if library is not None else ex.tools
+
+
+def _summary(latencies: list[float]) -> dict[str, float]:
+    ordered = sorted(latencies)
+    return {"mean": statistics.fmean(ordered), "median": statistics.median(ordered),
+            "p90": ordered[int(0.9 * (len(ordered) - 1))]}
+
+
+def measure(method: Any, examples: Sequence[Example], library: Sequence[Tool] | None,
+            reference: list[list] | None = None, desc: str = "held-out") -> dict[str, Any]:
+    """Answers, wall-clock latency, accuracy against gold and (given the cascade's answers)
+    agreement with them, and the share answered by the small path."""
+    calls, latencies, small, correct, agree = [], [], 0, 0, 0
+    for i, ex in enumerate(tqdm(examples, desc=desc, unit="req")):
+        start = time.perf_counter()
+        answer = method.answer([{"role": "user", "content": ex.query}], _tools(ex, library))
+        latencies.append(time.perf_counter() - start)
+        calls.append(answer.calls)
+        small += answer.details.get("path") == "small"
+        correct += same_calls(answer.calls, ex.answers)
+        if reference is not None:
+            agree += same_calls(answer.calls, reference[i])
+    n = len(examples)
+    return {"n": n, "share": small / n, "accuracy": correct / n, "agreement": agree / n if reference is not None else 1.0,
+            "latency": _summary(latencies), "calls": calls}
+
+
+def run_odia_bench(cascade: Any, artifact: str | Path, direct: dict[str, Any], data: Sequence[str],
+                   out: str | Path, config: OdiaBenchConfig, library: Sequence[Tool] | None = None) -> dict:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    stream, held = scenario(data, library, config)
+    if len(stream) < config.cycle_every or not held:
+        raise ValueError(f"{len(stream)} stream and {len(held)} held-out requests: too few for this configuration")
+    if library is not None:
+        for method in [cascade, *direct.values()]:
+            if hasattr(method, "use_library"):
+                method.use_library(library)
+    store_path = out / "traffic.sqlite"
+    for leftover in out.glob("traffic.sqlite*"):
+        leftover.unlink()  # a fresh log: the simulation starts with no traffic
+    versions = Versions(out / "odia")
+    baseline = measure(cascade, held, library, desc="held-out: cascade")
+    reference = baseline.pop("calls")
+    result: dict[str, Any] = {
+        "config": {**asdict(config), "cycle": {**asdict(config.cycle), "gate": asdict(config.cycle.gate)}},
+        "scenario": "library" if library is not None else "own-tools",
+        "library_tools": len(library) if library is not None else None,
+        "stream": len(stream), "held_out": len(held), "cascade": baseline, "direct": {}, "cycles": [],
+        "command": list(sys.argv),
+    }
+    for label, method in direct.items():
+        m = measure(method, held, library, reference, desc=f"held-out: {label}")
+        m.pop("calls")
+        result["direct"][label] = m
+    embedder = SharedEmbedder()
+    log = TrafficLog(store_path, flush_interval=0.05)
+    routed: RoutedMethod | None = None
+    served = 0
+    try:
+        for start in range(0, len(stream), config.cycle_every):
+            phase = stream[start:start + config.cycle_every]
+            system = RecordedMethod(routed if routed is not None else cascade, log)
+            paths = []
+            for ex in tqdm(phase, desc=f"serving {start}-{start + len(phase)}", unit="req"):
+                paths.append(system.answer([{"role": "user", "content": ex.query}], _tools(ex, library)).details.get("path"))
+            served += len(phase)
+            log.flush(timeout=60)
+            with open_store(store_path) as store:
+                report = run_cycle(store, versions, artifact, config.cycle, embedder)
+            if report.status == "promoted":
+                if routed is None:
+                    routed = RoutedMethod.load(cascade, versions.root, config.cycle.engine, config.cycle.device,
+                                               poll_seconds=0.0, embedder=embedder)
+                    routed.explore = config.explore
+                routed.wait_for(report.version, timeout=600)
+            point: dict[str, Any] = {"served": served, "phase_small_share": paths.count("small") / len(paths),
+                                     "status": report.status, "reasons": report.reasons, "version": report.version,
+                                     "cycle_seconds": report.seconds, "window": report.window}
+            if routed is not None:
+                explore, routed.explore = routed.explore, 0.0  # measured as it serves, without exploration
+                m = measure(routed, held, library, reference, desc=f"held-out: routed after {served}")
+                routed.explore = explore
+                m.pop("calls")
+                point["routed"] = m
+            else:
+                point["routed"] = {k: v for k, v in baseline.items()} | {"share": 0.0, "agreement": 1.0}
+            result["cycles"].append(point)
+            (out / "odia_bench.json").write_text(json.dumps(result, indent=2, default=str))  # progress so far
+    finally:
+        log.close()
+    return result
+
+
+def write_odia_report(result: dict, out: str | Path) -> dict[str, Path]:
+    """odia_bench.json, odia_bench.md (one row per cycle) and odia_bench.png (share, agreement,
+    accuracy and latency over the cycles, against the cascade and the direct large model)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(out)
+    paths = {"json": out / "odia_bench.json", "md": out / "odia_bench.md", "png": out / "odia_bench.png"}
+    paths["json"].write_text(json.dumps(result, indent=2, default=str))
+    cascade, cycles = result["cascade"], result["cycles"]
+    ms = lambda m, key: f"{1000 * m['latency'][key]:.0f}"  # noqa: E731
+    lines = [
+        "# Learning from traffic: the routed system over cycles", "",
+        f"Command: `{' '.join(result['command'])}`", "",
+        f"Scenario: {result['scenario']}" + (f" ({result['library_tools']} tools)" if result["library_tools"] else "")
+        + f". {result['stream']} fc-train requests served (train split), a cycle every "
+        f"{result['config']['cycle_every']}; measured on {result['held_out']} held-out requests (validation split). "
+        "Agreement: same calls as the cascade; accuracy: same calls as gold. Latency: wall clock per request, ms.", "",
+        "| system | served | cycle | small path % | agreement % | accuracy % | mean | median | p90 |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|",
+        f"| cascade alone | | | 0.0 | 100.0 | {100 * cascade['accuracy']:.1f} | {ms(cascade, 'mean')} | "
+        f"{ms(cascade, 'median')} | {ms(cascade, 'p90')} |",
+    ]
+    for label, m in result["direct"].items():
+        lines.append(f"| {label} | | | | {100 * m['agreement']:.1f} | {100 * m['accuracy']:.1f} | {ms(m, 'mean')} | "
+                     f"{ms(m, 'median')} | {ms(m, 'p90')} |")
+    for point in cycles:
+        m = point["routed"]
+        lines.append(f"| routed | {point['served']} | {point['status']} | {100 * m['share']:.1f} | "
+                     f"{100 * m['agreement']:.1f} | {100 * m['accuracy']:.1f} | {ms(m, 'mean')} | {ms(m, 'median')} | "
+                     f"{ms(m, 'p90')} |")
+    lines += ["", "Cycles:"] + [f"- after {p['served']}: {p['status']} {p['version'] or ''} ({p['cycle_seconds']:.0f} s): "
+                                + "; ".join(p["reasons"]) for p in cycles]
+    paths["md"].write_text("\n".join(lines) + "\n")
+
+    served = [0] + [p["served"] for p in cycles]
+    routed = [{"share": 0.0, "agreement": 1.0, "accuracy": cascade["accuracy"], "latency": cascade["latency"]}]
+    routed += [p["routed"] for p in cycles]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    left.plot(served, [100 * m["share"] for m in routed], "o-", label="share on the small path")
+    left.plot(served, [100 * m["agreement"] for m in routed], "s-", label="agreement with the cascade")
+    left.plot(served, [100 * m["accuracy"] for m in routed], "^-", label="accuracy (gold)")
+    left.set_xlabel("requests served")
+    left.set_ylabel("%")
+    left.set_ylim(0, 105)
+    left.legend(fontsize=8)
+    left.grid(alpha=0.3)
+    for key, style in (("mean", "o-"), ("median", "s--")):
+        right.plot(served, [1000 * m["latency"][key] for m in routed], style, label=f"routed, {key}")
+        right.axhline(1000 * cascade["latency"][key], color="gray", linestyle=style[1:], label=f"cascade, {key}")
+        for label, m in result["direct"].items():
+            right.axhline(1000 * m["latency"][key], color="red", linestyle=style[1:], label=f"{label}, {key}")
+    right.set_xlabel("requests served")
+    right.set_ylabel("ms per request")
+    right.legend(fontsize=7)
+    right.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(paths["png"], dpi=120)
+    plt.close(fig)
+    return paths
+

@@ -1,0 +1,207 @@
+"""One gated update (`hyfunc odia cycle`): distil -> mine -> train the router -> replay -> gate.
+
+The window is the large path's logged traffic (cascade / large / direct answers, without error),
+split by time: the older part trains, the newest `holdout` share is held out for the gate.
+
+1. distil: a LoRA adapter of the small model on the teacher's answers of the training window,
+   plus a replay sample of fc-train (distil.py), warm started from the champion's adapter (or,
+   before the first version, the cascade's);
+2. mine: the candidate small path (that adapter + the champion's tool selector) on the training
+   window, labelled simple where its calls equal the teacher's (mining.py; kept in memory);
+3. router: a logistic router on those labels, its threshold calibrated for `target` agreement
+   (router.py);
+4. replay the held-out window through the candidate and through the champion, measured in the
+   same run (evaluate.py): agreement with the large path, share on the small path, mean latency,
+   and accuracy where gold is known (feedback `good` marks a logged answer as gold);
+5. gate (versions.py): promote only if the candidate does not regress against the champion
+   (before any version: against serving everything through the cascade, with agreement at
+   least `target` - tolerance). Every candidate becomes an immutable version, promoted or not,
+   its manifest saying why; a promoted candidate's labels replace the store's.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from hyfunc.routing.distil import DistilConfig, distil, replay_examples, teacher_examples
+from hyfunc.routing.evaluate import replay
+from hyfunc.routing.features import MINILM_NAME
+from hyfunc.routing.mining import Embedder, method_small_path, mine
+from hyfunc.routing.routed import SMALL_MANIFEST, Routing, SharedEmbedder, load_small, load_version, small_description
+from hyfunc.routing.router import RouterError, RoutingExample, train_router
+from hyfunc.routing.selector import default_selector_dir
+from hyfunc.routing.store import LARGE_PATHS, Label, Query, TrafficStore
+from hyfunc.routing.versions import GateConfig, Metrics, Verdict, Versions, gate
+
+
+@dataclass
+class CycleConfig:
+    target: float = 0.99  # the router's agreement with the large path on held-out traffic
+    holdout: float = 0.2  # newest share of the window held out for the gate's replay
+    min_requests: int = 100  # fewer large-path requests in the window: no cycle
+    since: float | None = None  # the window's start (Unix s); None: all logged traffic
+    replay_data: list[str] = field(default_factory=list)  # fc-train, for the distillation's replay sample
+    selector: str | None = None  # the first version's tool selector (default: the shipped one)
+    engine: str = "transformers"  # what the small path is measured on (as it will be served)
+    device: str | None = None
+    gate: GateConfig = field(default_factory=lambda: GateConfig(latency_tolerance=0.05))
+    distil: DistilConfig = field(default_factory=DistilConfig)
+
+
+@dataclass
+class CycleReport:
+    status: str  # promoted | refused | skipped
+    reasons: list[str]
+    version: str | None = None
+    champion: str | None = None  # before this cycle
+    candidate: dict | None = None  # Metrics
+    baseline: dict | None = None  # the champion's (or the cascade's) Metrics on the same held-out traffic
+    window: dict = field(default_factory=dict)
+    distillation: dict = field(default_factory=dict)
+    mining: dict = field(default_factory=dict)
+    router: dict = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def _artifact_small(artifact: Path) -> tuple[str, Path | None]:
+    manifest = json.loads((artifact / "manifest.json").read_text())
+    adapter = artifact / "adapter"
+    return manifest["small_model"], adapter if adapter.is_dir() else None
+
+
+def _window(store: TrafficStore, since: float | None, holdout: float) -> tuple[list[float], float | None]:
+    """Creation times of the window's large-path requests, and where the held-out part starts."""
+    times = [s.request.created for s in store.iter_requests(Query(since=since, paths=LARGE_PATHS, without_error=True))]
+    if not times:
+        return times, None
+    n_held = max(1, int(round(len(times) * holdout)))
+    return times, times[-n_held]
+
+
+def _gold(store: TrafficStore, query: Query, extra: Mapping[str, list[dict]] | None) -> dict[str, list[dict]]:
+    """Logged answers marked good are gold; `extra` (e.g. a benchmark's known answers) wins."""
+    gold = {s.request.request_id: s.request.calls for s in store.iter_requests(query) if s.feedback == "good"}
+    return {**gold, **(extra or {})}
+
+
+def run_cycle(store: TrafficStore, versions: Versions, artifact: str | Path, config: CycleConfig | None = None,
+              embedder: Embedder | None = None, gold: Mapping[str, list[dict]] | None = None) -> CycleReport:
+    config = config or CycleConfig()
+    started = time.perf_counter()
+    artifact = Path(artifact)
+    embedder = embedder if isinstance(embedder, SharedEmbedder) else SharedEmbedder(embedder)
+    champion_id = versions.champion
+    times, held_since = _window(store, config.since, config.holdout)
+    report = CycleReport("skipped", [], champion=champion_id,
+                         window={"since": config.since, "requests": len(times), "held_out_since": held_since})
+    if len(times) < config.min_requests or held_since is None:
+        report.reasons = [f"{len(times)} large-path requests in the window; a cycle needs {config.min_requests}"]
+        return report
+    # The last cycle's window, promoted or refused: the same traffic would give the same verdict.
+    last = versions.list()[-1].get("window", {}) if versions.list() else {}
+    if last.get("until") is not None and times[-1] <= last["until"]:
+        report.reasons = ["no large-path traffic newer than the last cycle's"]
+        return report
+    train_query = Query(since=config.since, until=held_since, without_error=True)
+    held_query = Query(since=held_since, without_error=True)
+    report.window.update({"until": times[-1], "train": sum(t < held_since for t in times),
+                          "held_out": sum(t >= held_since for t in times)})
+
+    # What the candidate starts from: the champion's small path, or the cascade's small model.
+    base_model, warm = _artifact_small(artifact)
+    champion: Routing | None = None
+    if champion_id is not None:
+        champion = load_version(versions.path(champion_id), embedder, config.engine, config.device, champion_id)
+        small_dir = versions.path(champion_id) / "small"
+        description = json.loads((small_dir / SMALL_MANIFEST).read_text())
+        base_model = description["base_model"]
+        warm = small_dir / description["adapter"] if description.get("adapter") else warm
+        selector_dir = small_dir / description["selector"]
+    else:
+        selector_dir = Path(config.selector) if config.selector else default_selector_dir()
+
+    work = versions.root / "work" / f"cycle-{uuid.uuid4().hex[:8]}"
+    try:
+        candidate_dir = work / "small"
+        candidate_dir.mkdir(parents=True)
+        shutil.copytree(selector_dir, candidate_dir / "selector")
+        from hyfunc.routing.selector import ToolSelector
+
+        selector = ToolSelector.load(candidate_dir / "selector", embedder)
+        teacher = teacher_examples(store, train_query)
+        if not teacher:
+            report.reasons = ["no teacher answer with calls in the training window"]
+            return report
+        fc_replay = replay_examples(config.replay_data, int(config.distil.replay_fraction * len(teacher)) + 1,
+                                    config.distil.seed)
+        report.distillation = distil(base_model, warm, teacher, fc_replay, selector, work / "distil", config.distil)
+        shutil.move(str(work / "distil" / "adapter"), str(candidate_dir / "adapter"))
+        (candidate_dir / SMALL_MANIFEST).write_text(json.dumps(small_description(base_model, adapter=True)))
+        small = load_small(candidate_dir, embedder, config.engine, config.device, version="candidate")
+
+        labels: list[Label] = []
+        mining = mine(store, method_small_path(small), small_path_name=f"candidate:{work.name}", embedder=embedder,
+                      query=train_query, relabel=True, save=labels.extend)
+        report.mining = {"labelled": mining.labelled, "simple": mining.simple, "simple_share": mining.simple_share,
+                         "small_failures": mining.small_failures, "seconds": mining.seconds}
+        created = {s.request.request_id: s.request.created for s in store.iter_requests(train_query)}
+        examples = [RoutingExample(l.features, l.embedding, l.simple, created[l.request_id]) for l in labels]
+        try:
+            router = train_router(examples, target=config.target, embedder=embedder, embedder_name=MINILM_NAME,
+                                  window={"since": config.since, "until": held_since})
+        except RouterError as err:
+            report.status, report.reasons = "refused", [f"no router: {err}"]
+            return report
+        report.router = {"threshold": router.threshold, "calibration": router.manifest["calibration"]}
+
+        gold_map = _gold(store, held_query, gold)
+        candidate = replay(store, lambda m, t: router.route(m, t), method_small_path(small), held_query, gold_map)
+        if champion is not None and champion.router is not None and champion.small is not None:
+            champ_router, champ_small = champion.router, champion.small
+            baseline = replay(store, lambda m, t: champ_router.route(m, t), method_small_path(champ_small),
+                              held_query, gold_map)
+        else:
+            cascade_only = replay(store, lambda m, t: "large", method_small_path(small), held_query, gold_map)
+            # The first version's bar: the target agreement, and not slower than the cascade alone.
+            baseline = Metrics(config.target, 0.0, cascade_only.mean_latency, cascade_only.accuracy)
+        verdict: Verdict = gate(baseline, candidate, config.gate)
+        report.candidate, report.baseline = asdict(candidate), asdict(baseline)
+        report.status, report.reasons = ("promoted" if verdict.promote else "refused"), verdict.reasons
+
+        def build(directory: Path) -> None:
+            shutil.copytree(candidate_dir, directory / "small")
+            router.save(directory / "router")
+            (directory / "cycle.json").write_text(json.dumps(asdict(report), indent=2, default=str))
+
+        report.version = versions.create(build, metrics=candidate, parents=[champion_id] if champion_id else [],
+                                         window={"since": config.since, "until": times[-1], "held_out_since": held_since},
+                                         note="; ".join(verdict.reasons))
+        if verdict.promote:
+            versions.promote(report.version)
+            store.save_labels(labels)  # the store's labels now describe the small path being served
+        return report
+    finally:
+        report.seconds = time.perf_counter() - started
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def describe(report: CycleReport) -> str:
+    """One paragraph for the command line."""
+    head = {"promoted": f"promoted {report.version}", "refused": f"refused {report.version or '(no candidate)'}",
+            "skipped": "skipped"}[report.status]
+    lines = [f"cycle: {head} ({report.seconds:.0f} s): " + "; ".join(report.reasons)]
+    for name, m in (("candidate", report.candidate), ("baseline", report.baseline)):
+        if m:
+            accuracy = "-" if m.get("accuracy") is None else f"{m['accuracy']:.2%}"
+            lines.append(f"  {name:9} share {m['share']:6.1%}  agreement {m['agreement']:7.2%}  accuracy {accuracy:>7}  "
+                         f"latency {m['mean_latency'] * 1e3:8.1f} ms")
+    return "\n".join(lines)
+
+
+def cycle_json(report: CycleReport) -> dict[str, Any]:
+    return asdict(report)

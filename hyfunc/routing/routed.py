@@ -1,0 +1,311 @@
+"""Routing: per request, the router sends the request to the small path or to the cascade.
+
+A *routing directory* (what `--router DIR` names) is either
+
+- a versions directory written by `hyfunc odia cycle` (`aliases.json` + `versions/<id>/`): the
+  champion version is served, and a promotion or rollback is picked up without a restart
+  (`aliases.json` is polled; the new version loads in the background and is swapped in between
+  requests, so none is dropped); before any promotion everything goes to the cascade;
+- one version directory: ``router/`` (hyfunc.routing.router) and ``small/`` (small.json naming
+  the base small model, its LoRA ``adapter/`` and the tool ``selector/``).
+
+`RoutedMethod` is a `Method` (Python API, `hyfunc call/eval --router`); its answers say which path
+answered in `details["path"]`. The server uses the same object through `server_paths()` and
+`route_prepared`: the router's slot picks "small" or "cascade" before the request is queued.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import random
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from hyfunc.formats.schema import Tool
+from hyfunc.methods.base import Answer
+from hyfunc.methods.small import SmallMethod
+from hyfunc.routing.features import MiniLMEmbedder, request_text
+from hyfunc.routing.mining import Embedder
+from hyfunc.routing.router import Router
+from hyfunc.routing.selector import ToolSelector
+
+log = logging.getLogger("hyfunc.routing")
+
+SMALL_MANIFEST = "small.json"
+
+
+class SharedEmbedder:
+    """One MiniLM for the router and the selector, which embed the same request text: the last
+    texts' vectors are kept, so a routed request is embedded once. Thread-safe: the server's
+    router runs in the event loop while the small path runs on the model worker."""
+
+    def __init__(self, embedder: Embedder | None = None, size: int = 256):
+        self.inner = embedder or MiniLMEmbedder()
+        self.name = self.inner.name
+        self._memo: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._size = size
+        self._lock = threading.Lock()
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        with self._lock:
+            missing = [t for t in dict.fromkeys(texts) if t not in self._memo]
+            if missing:
+                for text, vector in zip(missing, self.inner.embed(missing)):
+                    self._memo[text] = vector
+            for text in texts:
+                self._memo.move_to_end(text)
+            out = np.stack([self._memo[t] for t in texts]) if texts else np.zeros((0, 0), dtype=np.float32)
+            while len(self._memo) > self._size:
+                self._memo.popitem(last=False)
+            return out
+
+
+@dataclass(frozen=True)
+class Routing:
+    """What one version serves; replaced whole, never edited, so a request sees one version."""
+
+    small: SmallMethod | None  # None before any version: nothing is routed
+    router: Router | None  # None: everything goes to the cascade
+    version: str | None
+
+
+def small_description(base_model: str, adapter: bool) -> dict:
+    return {"format": "hyfunc-small-path", "version": 1, "base_model": base_model,
+            "adapter": "adapter" if adapter else None, "selector": "selector"}
+
+
+def load_small(directory: str | Path, embedder: Embedder, engine: str = "transformers", device: str | None = None,
+               version: str | None = None) -> SmallMethod:
+    """The small path of a version's ``small/`` directory, on `engine`."""
+    from hyfunc.models.engines import load_backend
+
+    directory = Path(directory)
+    description = json.loads((directory / SMALL_MANIFEST).read_text())
+    adapter = directory / description["adapter"] if description.get("adapter") else None
+    backend = load_backend(description["base_model"], engine, device=device, adapter=adapter)
+    selector = ToolSelector.load(directory / description["selector"], embedder)
+    return SmallMethod(backend, selector, version=version)
+
+
+def load_version(directory: str | Path, embedder: Embedder, engine: str = "transformers", device: str | None = None,
+                 version: str | None = None) -> Routing:
+    directory = Path(directory)
+    router = Router.load(directory / "router", embedder=embedder)
+    return Routing(load_small(directory / "small", embedder, engine, device, version), router, version)
+
+
+class RoutedMethod:
+    """A `Method`: the router's choice between `small` (a SmallMethod) and `cascade`."""
+
+    name = "routed"
+
+    def __init__(self, cascade: Any, routing: Routing, embedder: SharedEmbedder | None = None,
+                 explore: float = 0.0, seed: int = 0):
+        self.cascade, self.routing = cascade, routing
+        self.embedder = embedder
+        # Exploration: a share of the requests the router sends to the small path goes to the
+        # cascade anyway, so the log keeps teacher answers where the small path serves (without
+        # them, later cycles would learn from the hard requests only).
+        self.explore = explore
+        self._rng = random.Random(seed)
+        self._watch: tuple[Path, float, str | None] | None = None  # (versions root, poll s, champion)
+        self._next_poll = 0.0
+        self._loading = threading.Lock()
+        self._engine, self._device = "transformers", None
+        self.small_slot = _SmallSlot(self)
+
+    # -- construction ----------------------------------------------------------------------
+    @classmethod
+    def load(cls, cascade: Any, directory: str | Path, engine: str = "transformers", device: str | None = None,
+             poll_seconds: float = 5.0, embedder: SharedEmbedder | None = None) -> "RoutedMethod":
+        """Route between `cascade` and the small path of `directory` (see the module docstring).
+        A versions directory without a champion yet routes nothing until one is promoted."""
+        directory = Path(directory)
+        embedder = embedder or SharedEmbedder()
+        if (directory / "router").is_dir() and (directory / "small").is_dir():
+            method = cls(cascade, load_version(directory, embedder, engine, device, directory.name), embedder)
+        elif (directory / "aliases.json").is_file() or (directory / "versions").is_dir():
+            from hyfunc.routing.versions import Versions
+
+            champion = Versions(directory).champion
+            if champion is None:
+                routing = Routing(None, None, None)
+            else:
+                routing = load_version(Versions(directory).path(champion), embedder, engine, device, champion)
+            method = cls(cascade, routing, embedder)
+            method._watch = (directory, poll_seconds, champion)
+        else:
+            raise FileNotFoundError(f"{directory}: neither a versions directory (hyfunc odia cycle --out) nor a "
+                                    "version (router/ and small/)")
+        method._engine, method._device = engine, device
+        if method.routing.router is not None and method.routing.router.needs_small_answer:
+            log.info("router %s reads the small path's answer: requests run the small path first",
+                     method.routing.version)
+        return method
+
+    # -- the champion, picked up while serving --------------------------------------------
+    def _poll(self) -> None:
+        """Cheap (a stat and a small JSON read every poll interval); loading runs in a thread."""
+        if self._watch is None or time.monotonic() < self._next_poll:
+            return
+        root, every, known = self._watch
+        self._next_poll = time.monotonic() + every
+        from hyfunc.routing.versions import Versions
+
+        try:
+            champion = Versions(root).champion
+        except (OSError, ValueError) as err:
+            log.warning("cannot read the champion in %s: %s", root, err)
+            return
+        if champion == known or champion is None or not self._loading.acquire(blocking=False):
+            return
+        threading.Thread(target=self._switch, args=(root, champion), name="hyfunc-routing-load", daemon=True).start()
+
+    def _switch(self, root: Path, champion: str) -> None:
+        from hyfunc.routing.versions import Versions
+
+        try:
+            routing = load_version(Versions(root).path(champion), self.embedder or SharedEmbedder(), self._engine,
+                                   self._device, champion)
+            self.routing = routing  # one assignment: a request sees the old version or the new one
+            self._watch = (root, self._watch[1] if self._watch else 5.0, champion)
+            log.info("now serving version %s", champion)
+        except Exception:  # noqa: BLE001 - keep serving the current version; retried at the next poll
+            log.exception("loading version %s failed", champion)
+        finally:
+            self._loading.release()
+
+    def wait_for(self, version: str, timeout: float = 60.0) -> bool:
+        """Until `version` is served (tests, scripts); polls as serving does."""
+        deadline = time.monotonic() + timeout
+        while self.routing.version != version and time.monotonic() < deadline:
+            self._next_poll = 0.0
+            self._poll()
+            time.sleep(0.05)
+        return self.routing.version == version
+
+    # -- deciding ----------------------------------------------------------------------------
+    def choose(self, messages: Sequence[dict], tools: Sequence[Tool], routing: Routing | None = None,
+               small_answer: Answer | None = None) -> tuple[str, float | None]:
+        """("small" | "cascade", the router's score)."""
+        routing = routing or self.routing
+        if routing.router is None or routing.small is None or not tools or not request_text(messages):
+            return "cascade", None
+        calls = confidence = None
+        if routing.router.needs_small_answer:
+            if small_answer is None:
+                raise ValueError("this router reads the small path's answer: run it first")
+            calls, confidence = small_answer.calls, small_answer.details.get("confidence")
+        score = routing.router.score(messages, tools, calls, confidence)
+        return ("small" if score >= routing.router.threshold else "cascade"), score
+
+    def _explored(self, path: str) -> tuple[str, bool]:
+        if path == "small" and self.explore > 0 and self._rng.random() < self.explore:
+            return "cascade", True
+        return path, False
+
+    def answer(self, messages: Sequence[dict], tools: Sequence[Tool]) -> Answer:
+        self._poll()
+        routing = self.routing
+        start = time.perf_counter()
+        small_answer = None
+        if routing.router is not None and routing.small is not None and routing.router.needs_small_answer and tools:
+            small_answer = routing.small.answer(messages, tools)
+        path, score = self.choose(messages, tools, routing, small_answer)
+        path, explored = self._explored(path)
+        route_seconds = time.perf_counter() - start - (small_answer.latency if small_answer else 0.0)
+        answer = small_answer if path == "small" and small_answer is not None else (
+            routing.small.answer(messages, tools) if path == "small" else self.cascade.answer(messages, tools))
+        if small_answer is not None and path == "cascade":
+            answer.timings.update({f"tried_{k}": v for k, v in small_answer.timings.items()})
+        answer.timings["route"] = route_seconds
+        answer.details.update({"path": path, "router_score": score, "version": routing.version, "explored": explored})
+        return answer
+
+    @property
+    def config(self) -> dict:
+        """What a report records about this method (hyfunc.eval.bfcl.run_metadata)."""
+        routing = self.routing
+        return {"cascade": getattr(self.cascade, "config", None), "version": routing.version,
+                "router_threshold": None if routing.router is None else routing.router.threshold,
+                "small": None if routing.small is None else routing.small.config, "explore": self.explore}
+
+    @property
+    def large(self) -> Any:
+        """The cascade's large model (side-by-side evaluations share it)."""
+        return self.cascade.large
+
+    def share_large_pass(self, other: Any) -> None:
+        self.cascade.share_large_pass(other)
+
+    def use_library(self, tools: Sequence[Tool]) -> None:
+        if hasattr(self.cascade, "use_library"):
+            self.cascade.use_library(tools)
+
+    # -- the server's slots ----------------------------------------------------------------
+    def server_paths(self) -> dict[str, Any]:
+        """Methods by path for `create_app`; the cascade first (the server sizes its context by it)."""
+        router = self.routing.router
+        if router is not None and router.needs_small_answer:
+            raise ValueError("the server routes before answering: serve a router trained without --with-small-answer")
+        return {"cascade": self.cascade, "small": self.small_slot}
+
+    def route_prepared(self, prepared: Any) -> str:
+        """The server's router slot (hyfunc.serving.service.Router)."""
+        self._poll()
+        if prepared.choice != "auto":
+            return "cascade"  # forced or named calls, no-tool replies: the cascade's rules apply
+        path, _ = self.choose(prepared.conversation.method_messages(), prepared.tools)
+        return self._explored(path)[0]
+
+
+class _SmallSlot:
+    """The small path as the server sees it: always the current version's."""
+
+    path = "small"
+
+    def __init__(self, routed: RoutedMethod):
+        self._routed = routed
+
+    @property
+    def name(self) -> str:
+        small = self._routed.routing.small
+        return "small" if small is None else small.name
+
+    @property
+    def backend(self) -> Any:  # writes this path's text replies and forced calls
+        return self._current().backend
+
+    def _current(self) -> SmallMethod:
+        small = self._routed.routing.small
+        if small is None:  # the router routes nothing here before a version is promoted
+            raise RuntimeError("no small path is loaded yet")
+        return small
+
+    def answer(self, messages: Sequence[dict], tools: Sequence[Tool]) -> Answer:
+        return self._current().answer(messages, tools)
+
+
+def routed_serving(load_cascade: Callable[[], Any], directory: str | Path, engine: str = "transformers",
+                   device: str | None = None, poll_seconds: float = 5.0, explore: float = 0.0,
+                   ) -> tuple[Callable[[], dict[str, Any]], Callable[[Any], str]]:
+    """(loader, router) for `create_app(loader, router=router)`: the loader (run in the background
+    at start-up) loads the cascade and the routing directory; the router routes with them."""
+    holder: list[RoutedMethod] = []
+
+    def load() -> dict[str, Any]:
+        routed = RoutedMethod.load(load_cascade(), directory, engine, device, poll_seconds)
+        routed.explore = explore
+        holder.append(routed)
+        return routed.server_paths()
+
+    def route(prepared: Any) -> str:
+        return holder[0].route_prepared(prepared)  # called only once the app is ready: loaded
+
+    return load, route

@@ -1,0 +1,91 @@
+"""`hyfunc bench odia` on tiny random models (fast settings): the stream is served and logged,
+cycles run, the promoted champion serves the next phase and is measured on held-out requests
+against the cascade and the direct large model.
+
+The data are in fc-train's format: "is the service up?" requests offered only `ping` (the tiny
+cascade calls ping(), and so does any small path that writes a call: simple), and weather
+requests offered three tools (random answers on both sides: rarely the same)."""
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from hyfunc.cli import main
+from hyfunc.eval.odia_bench import OdiaBenchConfig, run_odia_bench, write_odia_report
+from hyfunc.methods.cascade import HyFuncMethod
+from hyfunc.methods.direct import DirectMethod
+from hyfunc.routing.cycle import CycleConfig
+from hyfunc.routing.distil import DistilConfig
+from hyfunc.routing.features import MINILM_NAME
+from hyfunc.routing.selector import identity_selector
+from hyfunc.routing.store import open_store
+from hyfunc.routing.versions import GateConfig
+from tests.odia_fixtures import tiny_artifact
+from tests.test_serve_sdk import TOOLS
+
+
+def synthetic_data(directory: Path, n: int = 300) -> Path:
+    rng = random.Random(0)
+    directory.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for i in range(n):
+        if i % 2 == 0:
+            tools = [t["function"] for t in TOOLS if t["function"]["name"] == "ping"]
+            record = {"query": f"Is the service up right now? Check number {i}.", "tools": tools,
+                      "answers": [{"name": "ping", "arguments": {}}]}
+        else:
+            city = "".join(rng.choice("qxzjkvw") for _ in range(7)).capitalize()
+            record = {"query": f"What is the weather like in {city} today?", "tools": [t["function"] for t in TOOLS],
+                      "answers": [{"name": "get_weather", "arguments": {"city": city}}]}
+        lines.append(json.dumps({"id": f"s{i}", "source": "synthetic", **record}))
+    (directory / "synthetic.jsonl").write_text("\n".join(lines) + "\n")
+    return directory
+
+
+@pytest.fixture(scope="module")
+def parts(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    root = tmp_path_factory.mktemp("bench")
+    selector = identity_selector()
+    selector.config.lexical_weight, selector.config.threshold, selector.config.refusal_threshold = 1.0, 0.9, -1.0
+    selector.save(root / "selector", meta={"embedder": MINILM_NAME})
+    return {"root": root, "data": synthetic_data(root / "data"), "artifact": tiny_artifact(root / "cascade"),
+            "selector": root / "selector"}
+
+
+def test_bench_odia_serves_learns_and_measures(parts: dict) -> None:
+    cascade = HyFuncMethod.load(parts["artifact"])
+    direct = {"direct:tiny": DirectMethod(cascade.large, max_new_tokens=8)}
+    # The tiny cascade answers in milliseconds, less than MiniLM's routing: latency may grow here.
+    cycle = CycleConfig(target=0.9, min_requests=20, selector=str(parts["selector"]),
+                        gate=GateConfig(latency_tolerance=1000.0), distil=DistilConfig(lora_rank=4, max_items=8))
+    config = OdiaBenchConfig(stream=60, cycle_every=30, held_out=10, explore=0.2, cycle=cycle)
+    out = parts["root"] / "report"
+    result = run_odia_bench(cascade, parts["artifact"], direct, [str(parts["data"])], out, config)
+    assert result["stream"] == 60 and result["held_out"] == 10 and result["scenario"] == "own-tools"
+    assert result["cascade"]["agreement"] == 1.0 and result["direct"]["direct:tiny"]["n"] == 10
+    first, second = result["cycles"]
+    assert (first["served"], second["served"]) == (30, 60) and first["phase_small_share"] == 0.0
+    assert first["status"] == "promoted", first
+    routed = first["routed"]
+    # The promoted router sends ping requests (half the held-out slice at most) to the small path.
+    assert 0.0 < routed["share"] <= 0.6 and routed["agreement"] >= 0.5 and routed["latency"]["mean"] > 0
+    assert second["phase_small_share"] > 0.0  # the champion served the second phase
+    with open_store(out / "traffic.sqlite") as store:
+        stats = store.stats()
+    assert stats.total == 60 and stats.by_path.get("small", 0) == round(30 * second["phase_small_share"])
+
+    paths = write_odia_report(result, out)
+    md = paths["md"].read_text()
+    assert "| cascade alone |" in md and "| direct:tiny |" in md and md.count("| routed |") == 2
+    assert paths["png"].stat().st_size > 10_000
+
+
+def test_bench_odia_command_line_is_wired(parts: dict, capsys: pytest.CaptureFixture) -> None:
+    """The CLI builds the same run: too short a stream for one cycle is a one-line error."""
+    args = ["bench", "odia", "--data", str(parts["data"]), "--artifact", str(parts["artifact"]), "--stream", "4",
+            "--cycle-every", "10", "--out", str(parts["root"] / "cli")]
+    assert main(args) == 2
+    assert "too few for this configuration" in capsys.readouterr().err

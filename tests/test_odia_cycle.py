@@ -1,0 +1,118 @@
+"""The gated cycle end to end on tiny random models (fast settings): distillation on logged
+teacher answers, mining with the candidate, a router, replay of held-out traffic, promotion;
+a deliberately broken candidate refused; the promoted version served by the routed method.
+
+The traffic has two kinds of request: "is the service up?" offered only `ping` (the teacher calls
+ping(): any small model that writes one call agrees) and weather requests whose city is a random
+string (a tiny random model cannot write it: it disagrees). So the labels, the router's boundary
+and the gate's verdicts follow from the traffic, not from chance."""
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from hyfunc.cli import main
+from hyfunc.formats.schema import parse_tools
+from hyfunc.methods.cascade import HyFuncMethod
+from hyfunc.routing.cycle import CycleConfig, run_cycle
+from hyfunc.routing.distil import DistilConfig
+from hyfunc.routing.features import MINILM_NAME
+from hyfunc.routing.record import ServedRequest
+from hyfunc.routing.routed import RoutedMethod
+from hyfunc.routing.selector import identity_selector
+from hyfunc.routing.store import encode, open_store
+from hyfunc.routing.versions import Versions
+from tests.odia_fixtures import tiny_artifact
+from tests.test_serve_sdk import TOOLS
+
+T0 = 1_700_000_000.0
+PING = [t for t in TOOLS if t["function"]["name"] == "ping"]
+TIMINGS = {"large_prefill": 4.0, "retrieve": 0.01, "small_prefill": 0.3, "small_decode": 0.7}  # the cascade's cost (5 s)
+
+
+def traffic(start: int, n: int) -> list[ServedRequest]:
+    rng = random.Random(start)
+    out = []
+    for i in range(start, start + n):
+        if i % 2 == 0:
+            text, tools, calls = f"Is the service up right now? Check number {i}.", PING, [{"name": "ping", "arguments": {}}]
+        else:
+            city = "".join(rng.choice("qxzjkvw") for _ in range(7)).capitalize()
+            text, tools = f"What is the weather like in {city} today?", TOOLS
+            calls = [{"name": "get_weather", "arguments": {"city": city}}]
+        out.append(ServedRequest([{"role": "user", "content": text}], tools, calls, path="cascade",
+                                 timings=dict(TIMINGS), request_id=f"r{i}", created=T0 + i))
+    return out
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    root = tmp_path_factory.mktemp("cycle")
+    selector = identity_selector()
+    selector.config.lexical_weight, selector.config.threshold, selector.config.refusal_threshold = 1.0, 0.9, -1.0
+    selector.save(root / "selector", meta={"embedder": MINILM_NAME})
+    store = root / "traffic.sqlite"
+    with open_store(store) as opened:
+        opened.write([encode(r) for r in traffic(0, 60)])
+        for i in range(48, 60, 3):
+            opened.set_feedback(f"r{i}", "good", at=T0)  # a labelled holdout: accuracy is scored
+    return {"root": root, "store": store, "artifact": tiny_artifact(root / "cascade"), "selector": root / "selector",
+            "versions": root / "odia"}
+
+
+def test_cycles_promote_refuse_and_serve(setup: dict, capsys: pytest.CaptureFixture) -> None:
+    args = ["odia", "cycle", "--store", str(setup["store"]), "--artifact", str(setup["artifact"]),
+            "--out", str(setup["versions"]), "--selector", str(setup["selector"]), "--min-requests", "40",
+            "--lora-rank", "4", "--target", "0.95", "--json"]
+    assert main(args) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert first["status"] == "promoted", first
+    versions = Versions(setup["versions"])
+    v1 = first["version"]
+    assert versions.champion == v1 and first["champion"] is None
+    assert first["window"] == {**first["window"], "requests": 60, "train": 48, "held_out": 12}
+    assert first["distillation"]["teacher_items"] == 48 and first["distillation"]["warm_start"] is None
+    # Labels follow the traffic: every ping request agrees, no random city is written.
+    assert first["mining"]["labelled"] == 48 and first["mining"]["simple"] == 24
+    candidate = first["candidate"]
+    # Only ping requests are routed (half of the held-out traffic at most), and they all agree.
+    assert 0.25 <= candidate["share"] <= 0.5 and candidate["agreement"] == 1.0 and candidate["accuracy"] == 1.0, first
+    # The first version's bar: serving everything through the cascade (its logged cost), at the target agreement.
+    assert first["baseline"]["mean_latency"] == pytest.approx(sum(TIMINGS.values()), abs=0.01)
+    assert first["baseline"]["agreement"] == 0.95 and candidate["mean_latency"] < first["baseline"]["mean_latency"]
+    manifest = versions.manifest(v1)
+    assert {"router", "small", "cycle.json"} <= {p.name for p in versions.path(v1).iterdir()}
+    assert manifest["window"]["until"] == T0 + 59 and manifest["metrics"] == candidate
+    with open_store(setup["store"]) as store:
+        labels = {s.request.request_id: l for s, l in store.iter_labels()}
+    assert len(labels) == 48 and labels["r0"].simple and not labels["r1"].simple
+    assert labels["r0"].embedder == MINILM_NAME
+
+    # Nothing new logged: nothing to learn.
+    assert main(args) == 0 and json.loads(capsys.readouterr().out)["status"] == "skipped"
+
+    # New traffic, and a deliberately broken candidate: a router that sends everything to the
+    # small path (target agreement 1 %), which cannot write the cities. Refused; v1 stays.
+    with open_store(setup["store"]) as store:
+        store.write([encode(r) for r in traffic(60, 30)])
+        config = CycleConfig(target=0.01, min_requests=40, selector=str(setup["selector"]),
+                             distil=DistilConfig(lora_rank=4, max_items=16))
+        broken = run_cycle(store, versions, setup["artifact"], config)
+    assert broken.status == "refused" and versions.champion == v1, broken
+    assert broken.candidate["share"] >= 0.9 and any("agreement" in r for r in broken.reasons)
+    assert broken.distillation["warm_start"].endswith("adapter")  # continued from the champion's adapter
+    assert versions.manifest(broken.version)["parents"] == [v1] and len(versions.list()) == 2
+    with open_store(setup["store"]) as store:  # the same traffic again: not re-judged
+        again = run_cycle(store, versions, setup["artifact"], config)
+    assert again.status == "skipped" and "newer than the last cycle" in again.reasons[0]
+
+    # The champion, served: ping requests on the small path, weather requests on the cascade.
+    routed = RoutedMethod.load(HyFuncMethod.load(setup["artifact"]), setup["versions"])
+    assert routed.routing.version == v1
+    ping = routed.answer([{"role": "user", "content": "Is the service up right now? Check number 100."}], parse_tools(PING))
+    weather = routed.answer([{"role": "user", "content": "What is the weather like in Qzxvkj today?"}],
+                            parse_tools(TOOLS))
+    assert ping.details["path"] == "small" and [c.name for c in ping.calls] == ["ping"]
+    assert weather.details["path"] == "cascade"
