@@ -9,7 +9,12 @@ from importlib import resources
 from pathlib import Path
 
 from hyfunc.cli_checks import (
-    CALL_FORMATS, check_bfcl_inputs, check_loadable, check_method_options, format_answer, one_line,
+    CALL_FORMATS,
+    check_bfcl_inputs,
+    check_loadable,
+    check_method_options,
+    format_answer,
+    one_line,
 )
 from hyfunc.errors import InputError, UserError
 from hyfunc.formats.bfcl import ALIASES, CATEGORIES, EXTRA_CATEGORIES
@@ -179,8 +184,8 @@ def _dir_name(label: str) -> str:
 
 def _side_by_side_methods(args: argparse.Namespace) -> dict:
     """The main method, its ablations and the direct baselines, sharing loaded models."""
-    from hyfunc.methods.cascade import CascadeOptions
     from hyfunc.methods import load_method
+    from hyfunc.methods.cascade import CascadeOptions
 
     main = _build_method(args)
     kind = "routed" if getattr(args, "router", None) else "hyfunc"
@@ -222,7 +227,11 @@ def cmd_eval_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_library(args: argparse.Namespace) -> int:
-    from hyfunc.eval.library import library_examples, run_library_benchmark, write_library_report
+    from hyfunc.eval.library import (
+        library_examples,
+        run_library_benchmark,
+        write_library_report,
+    )
     from hyfunc.methods import load_method
 
     models = [spec.partition("@")[0] for spec in args.with_direct or []]
@@ -253,9 +262,13 @@ def cmd_bench_library(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_retriever(args: argparse.Namespace) -> int:
-    from hyfunc.methods.cascade import DEFAULT_ARTIFACT, HyFuncMethod
     from hyfunc.cascade.library import load_library
-    from hyfunc.eval.retrieval import library_requests, run_retrieval_benchmark, write_retrieval_report
+    from hyfunc.eval.retrieval import (
+        library_requests,
+        run_retrieval_benchmark,
+        write_retrieval_report,
+    )
+    from hyfunc.methods.cascade import DEFAULT_ARTIFACT, HyFuncMethod
 
     check_loadable([], [args.artifact] if args.artifact else [], args.device)
     library = load_library(args.library)
@@ -422,7 +435,9 @@ def main(argv: list[str] | None = None) -> int:
 
     add_serve_parser(sub)
 
-    from hyfunc.routing.cli import add_odia_parser  # learning from traffic: `hyfunc odia ...`
+    from hyfunc.routing.cli import (
+        add_odia_parser,  # learning from traffic: `hyfunc odia ...`
+    )
 
     add_odia_parser(sub)
 

@@ -14,7 +14,11 @@ from typing import Sequence
 
 from hyfunc.errors import InputError
 from hyfunc.formats.bfcl import canonical_category
-from hyfunc.formats.calls import render_python_calls, to_bfcl_output, to_openai_tool_calls
+from hyfunc.formats.calls import (
+    render_python_calls,
+    to_bfcl_output,
+    to_openai_tool_calls,
+)
 from hyfunc.methods.base import Answer
 from hyfunc.models.engines import check_engine
 from hyfunc.models.registry import DEFAULT_LARGE, check_model_name

@@ -15,7 +15,7 @@ from typing import Any
 
 from hyfunc.routing.mining import SmallOutput
 from hyfunc.routing.record import ServedRequest
-from hyfunc.routing.features import request_text
+from hyfunc.formats.messages import request_text
 
 FC_TRAIN = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "fc-train"
 FC_TRAIN_FALLBACK = Path("/work/shared/data/fc-train")

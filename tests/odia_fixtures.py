@@ -69,9 +69,9 @@ def length_router(threshold: float | None = None) -> "Router":
 def tiny_version(directory: Path, small_model: Path, threshold: float | None = None) -> Path:
     """A version directory as a cycle writes one: router/ and small/ (the tiny small model, no
     adapter, an identity MiniLM selector that keeps the best tools)."""
-    from hyfunc.routing.features import MINILM_NAME
+    from hyfunc.models.minilm import MINILM_NAME
     from hyfunc.routing.routed import SMALL_MANIFEST, small_description
-    from hyfunc.routing.selector import identity_selector
+    from hyfunc.cascade.selector import identity_selector
 
     length_router(threshold).save(directory / "router")
     selector = identity_selector()

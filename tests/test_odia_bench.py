@@ -19,8 +19,8 @@ from hyfunc.methods.cascade import HyFuncMethod
 from hyfunc.methods.direct import DirectMethod
 from hyfunc.routing.cycle import CycleConfig
 from hyfunc.routing.distil import DistilConfig
-from hyfunc.routing.features import MINILM_NAME
-from hyfunc.routing.selector import identity_selector
+from hyfunc.models.minilm import MINILM_NAME
+from hyfunc.cascade.selector import identity_selector
 from hyfunc.routing.store import open_store
 from hyfunc.routing.versions import GateConfig
 from tests.odia_fixtures import tiny_artifact

@@ -18,10 +18,10 @@ from hyfunc.formats.schema import parse_tools
 from hyfunc.methods.cascade import HyFuncMethod
 from hyfunc.routing.cycle import CycleConfig, run_cycle
 from hyfunc.routing.distil import DistilConfig
-from hyfunc.routing.features import MINILM_NAME
+from hyfunc.models.minilm import MINILM_NAME
 from hyfunc.routing.record import ServedRequest
 from hyfunc.routing.routed import RoutedMethod
-from hyfunc.routing.selector import identity_selector
+from hyfunc.cascade.selector import identity_selector
 from hyfunc.routing.store import encode, open_store
 from hyfunc.routing.versions import Versions
 from tests.odia_fixtures import tiny_artifact

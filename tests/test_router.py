@@ -10,7 +10,7 @@ import pytest
 
 from hyfunc.cli import main
 from hyfunc.formats.calls import Call, same_calls
-from hyfunc.routing.features import MiniLMEmbedder
+from hyfunc.models.minilm import MiniLMEmbedder
 from hyfunc.routing.mining import mine
 from hyfunc.routing.router import (
     Router, RouterError, RoutingExample, choose_threshold, tradeoff_curve, train_router, train_router_from_store,

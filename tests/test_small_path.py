@@ -10,8 +10,8 @@ import pytest
 
 from hyfunc.formats.schema import parse_tools
 from hyfunc.methods.small import SmallMethod
-from hyfunc.routing.features import MiniLMEmbedder
-from hyfunc.routing.selector import ToolSelector, identity_selector, prepare_selector
+from hyfunc.models.minilm import MiniLMEmbedder
+from hyfunc.cascade.selector import ToolSelector, identity_selector, prepare_selector
 from tests.fc_traffic import fc_train_dir
 from tests.test_serve_sdk import TOOLS
 from tests.tiny_models import tiny_backend

@@ -8,8 +8,8 @@ import pytest
 
 from hyfunc.cli import main
 from hyfunc.eval.small_retrieval import held_out_requests
-from hyfunc.routing.features import MINILM_NAME
-from hyfunc.routing.selector import identity_selector
+from hyfunc.models.minilm import MINILM_NAME
+from hyfunc.cascade.selector import identity_selector
 from tests.odia_fixtures import tiny_artifact
 from tests.test_small_path import fc_subset
 

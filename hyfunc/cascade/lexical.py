@@ -24,7 +24,13 @@ import bm25s
 import numpy as np
 import torch
 
-from hyfunc.cascade.retriever import RetrievalData, Retriever, example_cosines, fuse_examples, recall_at_k
+from hyfunc.cascade.retriever import (
+    RetrievalData,
+    Retriever,
+    example_cosines,
+    fuse_examples,
+    recall_at_k,
+)
 from hyfunc.formats.schema import Tool
 
 _CAMEL = re.compile(r"([a-z0-9])([A-Z])")

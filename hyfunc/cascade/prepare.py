@@ -33,18 +33,36 @@ from safetensors.torch import load_file
 from tqdm.auto import tqdm
 
 from hyfunc.cascade.data import (
-    Example, augment_refusals, call_pattern, load_examples, off_topic_requests, repeated_examples, sample_by_pattern,
+    Example,
+    augment_refusals,
+    call_pattern,
+    load_examples,
+    off_topic_requests,
+    repeated_examples,
+    sample_by_pattern,
     split_examples,
 )
 from hyfunc.cascade.lexical import fit_lexical_weight, lexical_scores
 from hyfunc.cascade.library import train_library_retriever
 from hyfunc.cascade.retriever import (
-    RetrievalData, Retriever, calibrate, evaluate, example_scores, new_retriever, plateau_middle, threshold_grid,
+    RetrievalData,
+    Retriever,
+    calibrate,
+    evaluate,
+    example_scores,
+    new_retriever,
+    plateau_middle,
+    threshold_grid,
     train_retriever,
 )
 from hyfunc.cascade.shards import fill_shards, read_shards
 from hyfunc.cascade.small_model import (
-    SmallPrompt, SoftTokenProjector, build_small_prompt, prompt_embeds, save_projector, soft_prefix_loss,
+    SmallPrompt,
+    SoftTokenProjector,
+    build_small_prompt,
+    prompt_embeds,
+    save_projector,
+    soft_prefix_loss,
 )
 from hyfunc.cascade.soft_token import SoftTokenEncoder
 from hyfunc.cascade.templating import TemplateDecoder, TemplateError, target_token_mask

@@ -31,6 +31,7 @@ from typing import Any, Sequence
 from tqdm.auto import tqdm
 
 from hyfunc.cascade.data import Example, load_examples, split_examples
+from hyfunc.errors import InputError
 from hyfunc.formats.calls import same_calls
 from hyfunc.formats.schema import Tool
 from hyfunc.routing.cycle import CycleConfig, run_cycle
@@ -102,7 +103,7 @@ def run_odia_bench(cascade: Any, artifact: str | Path, direct: dict[str, Any], d
     out.mkdir(parents=True, exist_ok=True)
     stream, held = scenario(data, library, config)
     if len(stream) < config.cycle_every or not held:
-        raise ValueError(f"{len(stream)} stream and {len(held)} held-out requests: too few for this configuration")
+        raise InputError(f"{len(stream)} stream and {len(held)} held-out requests: too few for this configuration")
     if library is not None:
         for method in [cascade, *direct.values()]:
             if hasattr(method, "use_library"):

@@ -20,12 +20,21 @@ def add_small_retrieval_parser(bench_sub: Any) -> None:
 
 
 def cmd_small_retrieval(args: Any) -> int:
+    from hyfunc.cascade.selector import (
+        ToolSelector,
+        default_selector_dir,
+        identity_selector,
+    )
     from hyfunc.eval.small_retrieval import (
-        Ranker, cascade_ranker, held_out_requests, run_small_retrieval, selector_ranker, write_small_retrieval_report,
+        Ranker,
+        cascade_ranker,
+        held_out_requests,
+        run_small_retrieval,
+        selector_ranker,
+        write_small_retrieval_report,
     )
     from hyfunc.methods.cascade import DEFAULT_ARTIFACT, HyFuncMethod
-    from hyfunc.routing.features import MiniLMEmbedder
-    from hyfunc.routing.selector import ToolSelector, default_selector_dir, identity_selector
+    from hyfunc.models.minilm import MiniLMEmbedder
 
     requests = held_out_requests(args.data, args.limit)
     cascade = HyFuncMethod.load(args.artifact or DEFAULT_ARTIFACT, device=args.device, large_engine=args.engine,
@@ -67,7 +76,11 @@ def add_bench_odia_parser(bench_sub: Any) -> None:
 
 def cmd_bench_odia(args: Any) -> int:
     from hyfunc.cascade.library import load_library
-    from hyfunc.eval.odia_bench import OdiaBenchConfig, run_odia_bench, write_odia_report
+    from hyfunc.eval.odia_bench import (
+        OdiaBenchConfig,
+        run_odia_bench,
+        write_odia_report,
+    )
     from hyfunc.methods import load_method
     from hyfunc.methods.cascade import DEFAULT_ARTIFACT, HyFuncMethod
     from hyfunc.routing.cycle import CycleConfig

@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from hyfunc.cascade.data import Example, augment_refusals, load_examples, split_examples
 from hyfunc.cascade.lexical import lexical_scores
 from hyfunc.cascade.retriever import exact_set_accuracy, recall_at_k, refusal_accuracy
-from hyfunc.routing.selector import ToolSelector
+from hyfunc.cascade.selector import ToolSelector
 
 KS = (1, 3, 5)
 #: (request, tools) -> (scores of the tools, the tools selected); what each compared selector does.

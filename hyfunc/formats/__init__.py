@@ -13,7 +13,14 @@ from hyfunc.formats.calls import (
     to_bfcl_output,
     to_openai_tool_calls,
 )
-from hyfunc.formats.schema import NO_DEFAULT, Param, SchemaError, Tool, parse_tool, parse_tools
+from hyfunc.formats.schema import (
+    NO_DEFAULT,
+    Param,
+    SchemaError,
+    Tool,
+    parse_tool,
+    parse_tools,
+)
 from hyfunc.formats.validate import ArgumentError, argument_errors, validate_call
 
 __all__ = [

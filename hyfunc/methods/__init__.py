@@ -34,7 +34,11 @@ def load_method(
     on another one).
     """
     if name == "hyfunc":
-        from hyfunc.methods.cascade import DEFAULT_ARTIFACT, CascadeOptions, HyFuncMethod
+        from hyfunc.methods.cascade import (
+            DEFAULT_ARTIFACT,
+            CascadeOptions,
+            HyFuncMethod,
+        )
 
         options = CascadeOptions(**{stage: False for stage in ablate})
         return HyFuncMethod.load(

@@ -29,7 +29,13 @@ import torch
 from hyfunc.cascade.lexical import lexical_scores
 from hyfunc.cascade.library import PerFunctionLibrary
 from hyfunc.cascade.retriever import Retriever
-from hyfunc.cascade.small_model import SmallPrompt, SoftTokenProjector, build_small_prompt, load_projector, prompt_embeds
+from hyfunc.cascade.small_model import (
+    SmallPrompt,
+    SoftTokenProjector,
+    build_small_prompt,
+    load_projector,
+    prompt_embeds,
+)
 from hyfunc.cascade.soft_token import Encoding, LibraryCache, SoftTokenEncoder
 from hyfunc.cascade.templating import TemplateDecoder
 from hyfunc.errors import InputError

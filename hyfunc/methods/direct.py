@@ -13,7 +13,13 @@ from typing import Callable, Literal, Sequence
 
 from hyfunc.errors import InputError
 from hyfunc.formats.bfcl import bfcl_prompt_messages
-from hyfunc.formats.calls import Call, CallParseError, parse_calls, parse_python_calls, to_bfcl_output
+from hyfunc.formats.calls import (
+    Call,
+    CallParseError,
+    parse_calls,
+    parse_python_calls,
+    to_bfcl_output,
+)
 from hyfunc.formats.schema import Tool
 from hyfunc.formats.validate import ArgumentError, argument_errors
 from hyfunc.methods.base import Answer, calls_text

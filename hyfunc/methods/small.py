@@ -1,7 +1,7 @@
 """The small path: what a routed request runs. No large-model pass.
 
 Per request:
-  1. the selector (hyfunc.routing.selector: BM25 + MiniLM, calibrated) keeps the offered tools
+  1. the selector (hyfunc.cascade.selector: BM25 + MiniLM, calibrated) keeps the offered tools
      that fit the request, or none ("no tool fits" -> no call, the small model is not run);
   2. the small model reads [instruction + selected tools + request] (the cascade's small prompt
      without the soft-token slot) through a prefix cache, so the instruction, and the tools when
@@ -18,13 +18,14 @@ from typing import Sequence
 
 import torch
 
+from hyfunc.cascade.selector import ToolSelector
 from hyfunc.cascade.small_model import build_small_prompt
 from hyfunc.cascade.templating import TemplateDecoder
+from hyfunc.errors import InputError
+from hyfunc.formats.messages import request_text
 from hyfunc.formats.schema import Tool
 from hyfunc.methods.base import Answer
 from hyfunc.models.base import BackendBase, PrefixCache
-from hyfunc.routing.features import request_text
-from hyfunc.routing.selector import ToolSelector
 
 RANKING_SHOWN = 32
 
@@ -48,7 +49,7 @@ class SmallMethod:
         tools = list(tools)
         request = request_text(messages)
         if not request:
-            raise ValueError("the request has no user message")
+            raise InputError("the request has no user message")
         timings: dict[str, float] = {}
         start = time.perf_counter()
         scores, answerable = self.selector.rank(request, tools)

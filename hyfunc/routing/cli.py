@@ -13,7 +13,12 @@ import time
 from dataclasses import asdict
 
 from hyfunc.routing.store import (
-    FEEDBACK, StoreError, StoreUnavailable, TrafficStore, open_store, parse_store_url,
+    FEEDBACK,
+    StoreError,
+    StoreUnavailable,
+    TrafficStore,
+    open_store,
+    parse_store_url,
 )
 
 STORE_HELP = ("traffic store: a SQLite file path or sqlite:///path, or postgresql://user@host/db "
@@ -163,7 +168,7 @@ def cmd_train_router(args: argparse.Namespace) -> int:
 
 
 def cmd_selector(args: argparse.Namespace) -> int:
-    from hyfunc.routing.selector import prepare_selector
+    from hyfunc.cascade.selector import prepare_selector
 
     _, metrics = prepare_selector(args.data, args.out, train=not args.identity, options={"epochs": args.epochs},
                                   seed=args.seed)

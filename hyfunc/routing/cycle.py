@@ -28,13 +28,25 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from hyfunc.routing.distil import DistilConfig, distil, replay_examples, teacher_examples
+from hyfunc.cascade.selector import default_selector_dir
+from hyfunc.models.minilm import MINILM_NAME, Embedder
+from hyfunc.routing.distil import (
+    DistilConfig,
+    distil,
+    replay_examples,
+    teacher_examples,
+)
 from hyfunc.routing.evaluate import replay
-from hyfunc.routing.features import MINILM_NAME
-from hyfunc.routing.mining import Embedder, method_small_path, mine
-from hyfunc.routing.routed import SMALL_MANIFEST, Routing, SharedEmbedder, load_small, load_version, small_description
+from hyfunc.routing.mining import method_small_path, mine
+from hyfunc.routing.routed import (
+    SMALL_MANIFEST,
+    Routing,
+    SharedEmbedder,
+    load_small,
+    load_version,
+    small_description,
+)
 from hyfunc.routing.router import RouterError, RoutingExample, train_router
-from hyfunc.routing.selector import default_selector_dir
 from hyfunc.routing.store import LARGE_PATHS, Label, Query, TrafficStore
 from hyfunc.routing.versions import GateConfig, Metrics, Verdict, Versions, gate
 
@@ -130,7 +142,7 @@ def run_cycle(store: TrafficStore, versions: Versions, artifact: str | Path, con
         candidate_dir = work / "small"
         candidate_dir.mkdir(parents=True)
         shutil.copytree(selector_dir, candidate_dir / "selector")
-        from hyfunc.routing.selector import ToolSelector
+        from hyfunc.cascade.selector import ToolSelector
 
         selector = ToolSelector.load(candidate_dir / "selector", embedder)
         teacher = teacher_examples(store, train_query)

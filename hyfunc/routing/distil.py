@@ -22,15 +22,22 @@ from typing import Sequence
 
 import torch
 
-from hyfunc.cascade.data import Example, call_pattern, load_examples, sample_by_pattern, split_examples
+from hyfunc.cascade.data import (
+    Example,
+    call_pattern,
+    load_examples,
+    sample_by_pattern,
+    split_examples,
+)
 from hyfunc.cascade.prepare import PrepareConfig, SFTItem, train_small
+from hyfunc.cascade.selector import ToolSelector
 from hyfunc.cascade.small_model import build_small_prompt
 from hyfunc.cascade.templating import TemplateDecoder, TemplateError, target_token_mask
+from hyfunc.errors import InputError
 from hyfunc.formats.calls import Call
+from hyfunc.formats.messages import request_text
 from hyfunc.formats.schema import SchemaError, parse_tools
 from hyfunc.models.backend import Backend
-from hyfunc.routing.features import request_text
-from hyfunc.routing.selector import ToolSelector
 from hyfunc.routing.store import LARGE_PATHS, Query, StoredRequest, TrafficStore
 
 
@@ -108,7 +115,7 @@ def distil(base_model: str, warm_adapter: Path | None, teacher: Sequence[Example
     items, skipped = distil_items(teacher, small, selector)
     replay_items, replay_skipped = distil_items(replayed, small, selector)
     if not items:
-        raise ValueError(f"no teacher answer to distil ({len(teacher)} examples, {skipped} not writable)")
+        raise InputError(f"no teacher answer to distil ({len(teacher)} examples, {skipped} not writable)")
     if warm_adapter is not None and not (out / "sft" / "state.json").is_file():
         shutil.rmtree(out / "sft" / "adapter", ignore_errors=True)
         shutil.copytree(warm_adapter, out / "sft" / "adapter")  # train_small continues from it

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from typing import Callable, Mapping, Sequence
 
+from hyfunc.errors import InputError
 from hyfunc.formats.calls import Call, same_calls
 from hyfunc.routing.mining import SmallPath
 from hyfunc.routing.store import LARGE_PATHS, Query, TrafficStore
@@ -47,6 +48,6 @@ def replay(store: TrafficStore, route: RouteFn, small_path: SmallPath, query: Qu
             scored += 1
             correct += same_calls(_calls(answer), _calls(gold[req.request_id]))
     if n == 0:
-        raise ValueError("no held-out large-path traffic to evaluate on")
+        raise InputError("no held-out large-path traffic to evaluate on")
     return Metrics(agreement=agree / n, share=small / n, mean_latency=latency / n,
                    accuracy=correct / scored if scored else None)

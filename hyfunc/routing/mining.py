@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Protocol, Sequence
-
-import numpy as np
+from typing import Any, Callable, Mapping, Sequence
 
 from hyfunc.formats.calls import Call, same_calls
-from hyfunc.routing.features import request_text, scalar_features
+from hyfunc.formats.messages import request_text
+from hyfunc.models.minilm import Embedder
+from hyfunc.routing.features import scalar_features
 from hyfunc.routing.store import LARGE_PATHS, Label, Query, StoredRequest, TrafficStore
 
 
@@ -30,12 +30,6 @@ class SmallOutput:
 
 
 SmallPath = Callable[[list[dict], list[dict]], SmallOutput]  # (messages, OpenAI tools) -> answer
-
-
-class Embedder(Protocol):
-    name: str
-
-    def embed(self, texts: Sequence[str]) -> np.ndarray: ...
 
 
 def method_small_path(method: Any) -> SmallPath:

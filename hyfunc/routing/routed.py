@@ -27,13 +27,14 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from hyfunc.cascade.selector import ToolSelector
+from hyfunc.errors import InputError
+from hyfunc.formats.messages import request_text
 from hyfunc.formats.schema import Tool
 from hyfunc.methods.base import Answer
 from hyfunc.methods.small import SmallMethod
-from hyfunc.routing.features import MiniLMEmbedder, request_text
-from hyfunc.routing.mining import Embedder
+from hyfunc.models.minilm import Embedder, MiniLMEmbedder
 from hyfunc.routing.router import Router
-from hyfunc.routing.selector import ToolSelector
 
 log = logging.getLogger("hyfunc.routing")
 
@@ -253,7 +254,7 @@ class RoutedMethod:
         """Methods by path for `create_app`; the cascade first (the server sizes its context by it)."""
         router = self.routing.router
         if router is not None and router.needs_small_answer:
-            raise ValueError("the server routes before answering: serve a router trained without --with-small-answer")
+            raise InputError("the server routes before answering: serve a router trained without --with-small-answer")
         return {"cascade": self.cascade, "small": self.small_slot}
 
     def route_prepared(self, prepared: Any) -> str:

@@ -23,7 +23,8 @@ from typing import Any, Sequence
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
-from hyfunc.routing.features import request_text, scalar_features
+from hyfunc.formats.messages import request_text
+from hyfunc.routing.features import scalar_features
 from hyfunc.routing.store import Query, TrafficStore
 
 ROUTER_FORMAT = 1
@@ -111,7 +112,7 @@ class Router:
 
     def _embedder_or_load(self) -> Any:
         if self._embedder is None:
-            from hyfunc.routing.features import MINILM_NAME, MiniLMEmbedder
+            from hyfunc.models.minilm import MINILM_NAME, MiniLMEmbedder
 
             if self.embedder_name != MINILM_NAME:
                 raise RouterError(f"router uses embedder {self.embedder_name!r}; pass it to Router.load")

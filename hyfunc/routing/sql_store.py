@@ -16,8 +16,18 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from hyfunc.routing.store import (
-    REQUEST_COLUMNS, REQUEST_SELECT, EncodedRequest, Label, Query, StoredRequest, StoreError,
-    StoreStats, TrafficStore, UnknownRequest, check_feedback, decode_row,
+    REQUEST_COLUMNS,
+    REQUEST_SELECT,
+    EncodedRequest,
+    Label,
+    Query,
+    StoredRequest,
+    StoreError,
+    StoreStats,
+    TrafficStore,
+    UnknownRequest,
+    check_feedback,
+    decode_row,
 )
 
 Migration = tuple[int, str, Sequence[str]]  # (version, what it does, statements)

@@ -25,7 +25,14 @@ from pathlib import Path
 
 from hyfunc.routing.record import ServedRequest
 from hyfunc.routing.store import (
-    EncodedRequest, StoreError, StoreUnavailable, TrafficStore, UnknownRequest, check_feedback, encode, open_store,
+    EncodedRequest,
+    StoreError,
+    StoreUnavailable,
+    TrafficStore,
+    UnknownRequest,
+    check_feedback,
+    encode,
+    open_store,
 )
 
 

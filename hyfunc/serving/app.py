@@ -34,9 +34,28 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from hyfunc.routing.record import TrafficSink
 from hyfunc.serving.errors import APIError, bad_request, from_validation
 from hyfunc.serving.metrics import ServerMetrics
-from hyfunc.serving.protocol import ChatCompletion, ChatCompletionRequest, ErrorResponse, Health, ModelList
-from hyfunc.serving.service import ChatService, Outcome, Prepared, Router, ServeConfig, path_name
-from hyfunc.serving.streaming import DONE, ChunkWriter, completion_body, sse, sse_comment
+from hyfunc.serving.protocol import (
+    ChatCompletion,
+    ChatCompletionRequest,
+    ErrorResponse,
+    Health,
+    ModelList,
+)
+from hyfunc.serving.service import (
+    ChatService,
+    Outcome,
+    Prepared,
+    Router,
+    ServeConfig,
+    path_name,
+)
+from hyfunc.serving.streaming import (
+    DONE,
+    ChunkWriter,
+    completion_body,
+    sse,
+    sse_comment,
+)
 from hyfunc.serving.traffic_routes import add_traffic_routes, traffic_health
 from hyfunc.serving.worker import Cancelled, ModelWorker, QueueFull
 

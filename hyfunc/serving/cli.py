@@ -12,8 +12,8 @@ from typing import Any
 def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     from hyfunc.methods import METHODS
     from hyfunc.methods.direct import PROMPT_STYLES
-    from hyfunc.models.registry import DEFAULT_LARGE
     from hyfunc.models.engines import DEFAULT_ENGINE, ENGINES
+    from hyfunc.models.registry import DEFAULT_LARGE
 
     serve = subparsers.add_parser(
         "serve", help="OpenAI-compatible server: POST /v1/chat/completions with tools -> tool_calls",

@@ -23,7 +23,13 @@ from typing import Callable, Sequence
 
 from hyfunc.formats.calls import Call, CallParseError, from_openai_tool_calls
 from hyfunc.serving.errors import APIError, bad_request
-from hyfunc.serving.protocol import AssistantMessage, Content, SystemMessage, ToolMessage, UserMessage
+from hyfunc.serving.protocol import (
+    AssistantMessage,
+    Content,
+    SystemMessage,
+    ToolMessage,
+    UserMessage,
+)
 
 
 @dataclass

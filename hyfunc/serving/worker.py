@@ -22,7 +22,6 @@ from typing import Any, Awaitable, Callable
 
 from hyfunc.serving.metrics import ServerMetrics
 
-
 #: Weight of the newest request in the average service time (about the last ten count).
 SERVICE_TIME_WEIGHT = 0.2
 RETRY_AFTER_MAX = 120  # seconds: past that a client does better to try elsewhere

@@ -67,7 +67,12 @@ length, ``any`` depth) truncate; the decoder extends the caller's KV cache in pl
 `Backend.fork` to keep it) and does not feed the final tokens of its output.
 """
 
-from hyfunc.cascade.templating.decoder import TemplateDecoder, TemplatedOutput, render_target, target_token_mask
+from hyfunc.cascade.templating.decoder import (
+    TemplateDecoder,
+    TemplatedOutput,
+    render_target,
+    target_token_mask,
+)
 from hyfunc.cascade.templating.session import TemplateError
 
 __all__ = ["TemplateDecoder", "TemplatedOutput", "render_target", "target_token_mask", "TemplateError"]

@@ -25,10 +25,17 @@ import torch
 
 from hyfunc.cascade.data import Example, augment_refusals, load_examples, split_examples
 from hyfunc.cascade.lexical import LexicalIndex, fit_lexical_weight, tool_text
-from hyfunc.cascade.retriever import RetrievalData, Retriever, RetrieverConfig, calibrate, evaluate, new_retriever, train_retriever
+from hyfunc.cascade.retriever import (
+    RetrievalData,
+    Retriever,
+    RetrieverConfig,
+    calibrate,
+    evaluate,
+    new_retriever,
+    train_retriever,
+)
 from hyfunc.formats.schema import Tool
-from hyfunc.routing.features import MINILM_NAME, MiniLMEmbedder
-from hyfunc.routing.mining import Embedder
+from hyfunc.models.minilm import MINILM_NAME, Embedder, MiniLMEmbedder
 
 TOOL_TEXT = "lexical.tool_text"  # what a tool is embedded by (name in words, description, parameters)
 SELECTOR_OPTIONS = {"proj_dim": 256, "mlp_hidden": 0, "epochs": 30, "lr": 1e-3, "refusal_head": False}
