@@ -24,7 +24,7 @@ from hyfunc.formats.tools_file import read_tools_file
 from hyfunc.methods import METHODS
 from hyfunc.methods.base import Answer
 from hyfunc.methods.direct import PROMPT_STYLES
-from hyfunc.models.engines import DEFAULT_ENGINE, ENGINES, check_engine
+from hyfunc.models.engines import DEFAULT_ENGINE, ENGINES, check_engine, resolve_engine
 from hyfunc.models.registry import DEFAULT_LARGE, DEFAULT_MODELS, DEFAULT_SMALL
 from hyfunc.progress import steps
 
@@ -50,7 +50,7 @@ def _add_method_args(parser: argparse.ArgumentParser, prefix_caching: bool) -> N
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     parser.add_argument(
         "--engine", default=DEFAULT_ENGINE, choices=ENGINES,
-        help=f"inference engine of every model (default: {DEFAULT_ENGINE}, the fastest measured on CPUs)",
+        help="inference engine of every model (default auto: llama.cpp for GGUF models on the CPU, the fastest measured, else transformers)",
     )
     parser.add_argument("--small-engine", choices=ENGINES, help="the cascade's small model on another engine")
     parser.add_argument(
@@ -209,7 +209,7 @@ def _side_by_side_methods(args: argparse.Namespace) -> dict:
         methods[label] = other
     for spec in args.with_direct:
         model, _, engine = spec.partition("@")
-        engine = engine or args.engine
+        engine = resolve_engine(engine or args.engine, model, args.device)
         large = getattr(main, "large", None)
         # The cascade's large model is the same network: answering directly with it needs no second copy.
         backend = large if large is not None and large.name == model and large.engine == engine else None
@@ -249,7 +249,7 @@ def cmd_bench_library(args: argparse.Namespace) -> int:
         progress.next("direct prompting")
         for spec in args.with_direct or [f"{cascade.large.name}@{args.engine}"]:
             model, _, engine = spec.partition("@")
-            engine = engine or args.engine
+            engine = resolve_engine(engine or args.engine, model, args.device)
             same = model == cascade.large.name and engine == cascade.large.engine
             methods[f"direct:{model}@{engine}"] = load_method(
                 "direct", model=model, device=args.device, prefix_caching=True, backend=cascade.large if same else None,

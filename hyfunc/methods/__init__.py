@@ -22,7 +22,7 @@ def load_method(
     artifact: str | None = None,
     ablate: tuple[str, ...] = (),
     backend=None,
-    engine: str = "transformers",
+    engine: str = "auto",
     small_engine: str | None = None,
 ) -> Method:
     """Build a method by name with its model(s) loaded.

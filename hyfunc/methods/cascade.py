@@ -43,7 +43,7 @@ from hyfunc.formats.calls import CallParseError, parse_calls
 from hyfunc.formats.schema import Tool
 from hyfunc.methods.base import Answer, calls_text
 from hyfunc.models.base import BackendBase, PrefixCache, StepOutput
-from hyfunc.models.engines import load_backend
+from hyfunc.models.engines import load_backend, resolve_engine
 
 MANIFEST = "manifest.json"
 RANKING_SHOWN = 32  # tools listed, best first, in an answer's details
@@ -150,7 +150,7 @@ class HyFuncMethod:
     @classmethod
     def load(
         cls, directory: str | Path, options: CascadeOptions | None = None, device: str | None = None,
-        large: BackendBase | None = None, large_engine: str = "transformers", small_engine: str = "transformers",
+        large: BackendBase | None = None, large_engine: str = "auto", small_engine: str = "transformers",
     ) -> HyFuncMethod:
         """The cascade prepared in `directory`, its large and small models on the given engines;
         `large`: an already loaded large model to reuse (used only if it is the artifact's)."""
@@ -159,7 +159,7 @@ class HyFuncMethod:
         if not manifest_path.is_file():
             raise InputError(f"{directory}: no {MANIFEST}; not a prepared cascade (run `hyfunc prepare`)")
         manifest = json.loads(manifest_path.read_text())
-        if large is None or large.name != manifest["large_model"] or large.engine != large_engine:
+        if large is None or large.name != manifest["large_model"] or large.engine != resolve_engine(large_engine, large.name, device):
             large = load_backend(manifest["large_model"], large_engine, device=device)
         adapter = directory / "adapter" if (directory / "adapter").is_dir() else None
         small = load_backend(manifest["small_model"], small_engine, device=device, adapter=adapter)

@@ -59,7 +59,7 @@ class CycleConfig:
     since: float | None = None  # the window's start (Unix s); None: all logged traffic
     replay_data: list[str] = field(default_factory=list)  # fc-train, for the distillation's replay sample
     selector: str | None = None  # the first version's tool selector (default: the shipped one)
-    engine: str = "transformers"  # what the small path is measured on (as it will be served)
+    engine: str = "auto"  # what the small path is measured on (as it will be served)
     device: str | None = None
     gate: GateConfig = field(default_factory=lambda: GateConfig(latency_tolerance=0.05))
     distil: DistilConfig = field(default_factory=DistilConfig)

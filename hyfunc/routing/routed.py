@@ -81,7 +81,7 @@ def small_description(base_model: str, adapter: bool) -> dict:
             "adapter": "adapter" if adapter else None, "selector": "selector"}
 
 
-def load_small(directory: str | Path, embedder: Embedder, engine: str = "transformers", device: str | None = None,
+def load_small(directory: str | Path, embedder: Embedder, engine: str = "auto", device: str | None = None,
                version: str | None = None) -> SmallMethod:
     """The small path of a version's ``small/`` directory, on `engine`."""
     from hyfunc.models.engines import load_backend
@@ -94,7 +94,7 @@ def load_small(directory: str | Path, embedder: Embedder, engine: str = "transfo
     return SmallMethod(backend, selector, version=version)
 
 
-def load_version(directory: str | Path, embedder: Embedder, engine: str = "transformers", device: str | None = None,
+def load_version(directory: str | Path, embedder: Embedder, engine: str = "auto", device: str | None = None,
                  version: str | None = None) -> Routing:
     directory = Path(directory)
     router = Router.load(directory / "router", embedder=embedder)
@@ -123,7 +123,7 @@ class RoutedMethod:
 
     # -- construction ----------------------------------------------------------------------
     @classmethod
-    def load(cls, cascade: Any, directory: str | Path, engine: str = "transformers", device: str | None = None,
+    def load(cls, cascade: Any, directory: str | Path, engine: str = "auto", device: str | None = None,
              poll_seconds: float = 5.0, embedder: SharedEmbedder | None = None) -> "RoutedMethod":
         """Route between `cascade` and the small path of `directory` (see the module docstring).
         A versions directory without a champion yet routes nothing until one is promoted."""
@@ -293,7 +293,7 @@ class _SmallSlot:
         return self._current().answer(messages, tools)
 
 
-def routed_serving(load_cascade: Callable[[], Any], directory: str | Path, engine: str = "transformers",
+def routed_serving(load_cascade: Callable[[], Any], directory: str | Path, engine: str = "auto",
                    device: str | None = None, poll_seconds: float = 5.0, explore: float = 0.0,
                    ) -> tuple[Callable[[], dict[str, Any]], Callable[[Any], str]]:
     """(loader, router) for `create_app(loader, router=router)`: the loader (run in the background
