@@ -24,3 +24,15 @@ def cpu_flags() -> set[str]:
     except OSError:
         return set()
     return {flag for line in text.splitlines() if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
+
+
+def threads() -> int | None:
+    """HYFUNC_THREADS as a number of CPU threads for every engine (None: the engine's own choice)."""
+    from hyfunc.errors import InputError
+
+    value = os.environ.get("HYFUNC_THREADS")
+    if not value:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise InputError(f"HYFUNC_THREADS={value!r}: use a positive number of threads")
+    return int(value)

@@ -16,7 +16,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from hyfunc.config import cpu_flags
+from hyfunc.config import cpu_flags, threads
 from hyfunc.errors import InputError, SetupError
 from hyfunc.models.base import BackendBase, Generation, PrefixCache, StepOutput
 from hyfunc.models.registry import ModelNotAvailable, resolve_model
@@ -63,10 +63,8 @@ def default_dtype(device: torch.device) -> torch.dtype:
 
 def set_threads() -> None:
     """Apply HYFUNC_THREADS (torch's intra-op threads), if set."""
-    if threads := os.environ.get("HYFUNC_THREADS"):
-        if not threads.isdigit() or int(threads) < 1:
-            raise InputError(f"HYFUNC_THREADS={threads!r}: use a positive number of threads")
-        torch.set_num_threads(int(threads))
+    if count := threads():
+        torch.set_num_threads(count)
 
 
 class Backend(BackendBase):

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from hyfunc.config import hyfunc_home
+from hyfunc.config import threads as env_threads
 from hyfunc.models.base import BackendBase, StepOutput
 from hyfunc.models.registry import ModelNotAvailable, resolve_gguf
 
@@ -126,7 +127,7 @@ class LlamaCppBackend(BackendBase):
         ctx_params.n_batch = ctx_params.n_ubatch = n_batch
         ctx_params.n_seq_max = n_seq
         ctx_params.kv_unified = True  # forks share the prefix's cells
-        threads = threads or int(os.environ.get("HYFUNC_THREADS", 0)) or os.cpu_count() or 1
+        threads = threads or env_threads() or os.cpu_count() or 1
         ctx_params.n_threads = ctx_params.n_threads_batch = self._threads = threads
         ctx_params.pooling_type = lib.LLAMA_POOLING_TYPE_NONE
         ctx_params.embeddings = False  # switched on for passes that return hidden states
