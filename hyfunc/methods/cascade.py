@@ -159,10 +159,10 @@ class HyFuncMethod:
         if not manifest_path.is_file():
             raise InputError(f"{directory}: no {MANIFEST}; not a prepared cascade (run `hyfunc prepare`)")
         manifest = json.loads(manifest_path.read_text())
-        if large is None or large.name != manifest["large_model"] or large.engine != resolve_engine(large_engine, large.name, device):
-            large = load_backend(manifest["large_model"], large_engine, device=device)
+        if large is None or large.name != manifest["large_model"] or large.engine != resolve_engine(large_engine, large.name, device, "large"):
+            large = load_backend(manifest["large_model"], large_engine, device=device, role="large")
         adapter = directory / "adapter" if (directory / "adapter").is_dir() else None
-        small = load_backend(manifest["small_model"], small_engine, device=device, adapter=adapter)
+        small = load_backend(manifest["small_model"], small_engine, device=device, adapter=adapter, role="small")
         projector = load_projector(directory) if (directory / "projector.json").is_file() else None
         retriever = Retriever.load(directory / "retriever")
         library_retriever = Retriever.load(directory / "library_retriever") if (directory / "library_retriever").is_dir() else None

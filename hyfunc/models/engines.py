@@ -22,27 +22,45 @@ def check_engine(engine: str) -> str:
     return engine
 
 
-def resolve_engine(engine: str, name: str, device: str | None = None) -> str:
-    """"auto": llama.cpp wherever it can run the model (a default alias or a .gguf file, on the CPU,
-    llama-cpp-python installed), transformers elsewhere (Hugging Face directories and ids, GPUs).
-    Measured on our 2-core machines (reports/engines/): llama.cpp decoded 5-7x faster than
-    transformers and its prefill was no slower, AVX2 and AMX machines alike."""
+#: Roles a model plays: in the cascade ("large" reads the prompt once, "small" decodes the calls)
+#: or alone ("direct": prefill and decode of the whole answer).
+ROLES = ("large", "small", "direct")
+
+
+def resolve_engine(engine: str, name: str, device: str | None = None, role: str = "direct") -> str:
+    """The engine that "auto" stands for, by measurement (reports/engines/):
+
+    - llama.cpp runs only GGUF models (default aliases, .gguf files) on the CPU; anything else
+      (Hugging Face directories and ids, GPUs) runs on transformers.
+    - CPUs with AMX (bf16 matrix tiles): transformers bf16 read a BFCL prompt 3.5x faster than
+      llama.cpp (1.72 vs 5.95 s per case, 1.5B) and the cascade's small model passes were no slower
+      (0.65 vs 1.44 s), while llama.cpp decoded 3.2x faster (2.08 vs 6.75 s). So the cascade's
+      stages run on transformers, and direct prompting, which decodes whole answers, on llama.cpp
+      (8.0 vs 8.5 s per case).
+    - Other CPUs (AVX2/AVX-512 without AMX, float32 in torch): llama.cpp for every role; it read
+      prompts 1.4x and decoded 6-7x faster than transformers on the AVX2 machine of issue 19.
+    """
     check_engine(engine)
     if engine != "auto":
         return engine
+    from hyfunc.config import cpu_flags
     from hyfunc.models.llamacpp import llama_cpp_available
     from hyfunc.models.registry import DEFAULT_MODELS
 
     gguf = name in DEFAULT_MODELS or str(name).endswith(".gguf")
-    return "llamacpp" if gguf and device in (None, "cpu") and llama_cpp_available() else "transformers"
+    if not (gguf and device in (None, "cpu") and llama_cpp_available()):
+        return "transformers"
+    if role in ("large", "small") and "amx_bf16" in cpu_flags():
+        return "transformers"
+    return "llamacpp"
 
 
 def load_backend(
-    name: str, engine: str = "auto", device: str | None = None, adapter: Path | None = None,
+    name: str, engine: str = "auto", device: str | None = None, adapter: Path | None = None, role: str = "direct",
 ) -> BackendBase:
     """`name` (alias, path or hub id) on `engine`; `adapter`: a peft LoRA directory applied to it
     (merged on transformers; converted to a GGUF adapter, applied at load, on llama.cpp)."""
-    engine = resolve_engine(engine, name, device)
+    engine = resolve_engine(engine, name, device, role)
     if engine == "llamacpp":
         if device not in (None, "cpu"):
             raise EngineError(f"the llama.cpp engine runs on the CPU here, not on {device!r}")

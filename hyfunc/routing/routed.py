@@ -89,7 +89,7 @@ def load_small(directory: str | Path, embedder: Embedder, engine: str = "auto", 
     directory = Path(directory)
     description = json.loads((directory / SMALL_MANIFEST).read_text())
     adapter = directory / description["adapter"] if description.get("adapter") else None
-    backend = load_backend(description["base_model"], engine, device=device, adapter=adapter)
+    backend = load_backend(description["base_model"], engine, device=device, adapter=adapter, role="small")
     selector = ToolSelector.load(directory / description["selector"], embedder)
     return SmallMethod(backend, selector, version=version)
 
