@@ -168,6 +168,8 @@ class HyFuncMethod:
         library_retriever = Retriever.load(directory / "library_retriever") if (directory / "library_retriever").is_dir() else None
         method = cls(large, small, retriever, projector, options, name=f"hyfunc:{directory.name}", library_retriever=library_retriever)
         method.artifact = directory
+        # The decoder's vocabulary tables take about a second to build: at load, not in the first request.
+        method.decoder.vocab(int(small.forward(ids=small.encode("[")).logits.shape[-1]))
         return method
 
     @property

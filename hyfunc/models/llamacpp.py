@@ -104,12 +104,13 @@ class LlamaCppBackend(BackendBase):
     engine = "llamacpp"
 
     def __init__(
-        self, name: str, n_ctx: int = 8192, n_seq: int = 16, n_batch: int = 512, threads: int | None = None,
+        self, name: str, n_ctx: int = 32768, n_seq: int = 16, n_batch: int = 512, threads: int | None = None,
         lora: str | Path | None = None, gguf: str | Path | None = None,
     ):
         """`name`: a default model alias or a .gguf path. `lora`: a GGUF LoRA adapter applied at
         load (the cascade's fine-tuned small model). `n_seq`: KV sequences alive at once (a fixed
-        library's prefix, a request's fork, the decoder's)."""
+        library's prefix, a request's fork, the decoder's). `n_ctx`: KV cells shared by all of them
+        (forks share their prefix's cells); a 1.5B model holds 28 KB per cell in f16."""
         lib = self._lib = _lib()
         _silence(lib)
         self.name = name
@@ -244,8 +245,7 @@ class LlamaCppBackend(BackendBase):
                 batch.n_seq_id[j] = 1
                 batch.seq_id[j][0] = kv.seq
                 batch.logits[j] = (start + j) in outputs
-            if lib.llama_decode(self._ctx, batch) != 0:
-                raise RuntimeError("llama_decode failed")
+            self._check(lib.llama_decode(self._ctx, batch))
             kv.length += end - start
             for i in range(start, end):
                 if i in outputs:
@@ -255,6 +255,15 @@ class LlamaCppBackend(BackendBase):
                         ptr = lib.llama_get_embeddings_ith(self._ctx, i - start)
                         states[i] = np.ctypeslib.as_array(ptr, shape=(self._n_embd,)).copy()
         return logits, states
+
+    def _check(self, status: int) -> None:
+        if status == 1:  # llama.h: no KV slot for the batch
+            raise RuntimeError(
+                f"llama.cpp: the KV cache of {self.n_ctx} cells is full (the live sequences hold them: "
+                "cached libraries, forks); load the model with a larger n_ctx"
+            )
+        if status != 0:
+            raise RuntimeError(f"llama_decode failed with status {status}")
 
     def forward(
         self, ids: Sequence[int] | None = None, embeds: torch.Tensor | None = None, cache: LlamaKV | None = None,
@@ -300,8 +309,7 @@ class LlamaCppBackend(BackendBase):
                 batch.token[j], batch.pos[j], batch.n_seq_id[j] = tid, kv.length + k, 1
                 batch.seq_id[j][0], batch.logits[j] = kv.seq, True
                 j += 1
-        if lib.llama_decode(self._ctx, batch) != 0:
-            raise RuntimeError("llama_decode failed")
+        self._check(lib.llama_decode(self._ctx, batch))
         out, j = [], 0
         for line in lines:
             rows = [np.ctypeslib.as_array(lib.llama_get_embeddings_ith(self._ctx, j + k), shape=(self._n_embd,)).copy() for k in range(len(line))]
