@@ -315,6 +315,17 @@ def cmd_models(args: argparse.Namespace) -> int:
         return 0
     for spec in DEFAULT_MODELS.values():
         print(f"{spec.alias:18} {spec.upstream}")
+    from torch import device as torch_device
+
+    from hyfunc.models.backend import default_dtype
+
+    # What `--engine auto` runs here, and in which precision (hyfunc.models.engines.resolve_engine).
+    picks = {role: resolve_engine("auto", DEFAULT_LARGE, None, role) for role in ("large", "small", "direct")}
+    dtype = str(default_dtype(torch_device("cpu"))).removeprefix("torch.")
+    print(
+        f"engine auto on this machine: cascade large model {picks['large']}, small model {picks['small']}, "
+        f"direct prompting {picks['direct']} (transformers dtype {dtype}; llama.cpp runs the GGUF's own quantisation)"
+    )
     return 0
 
 

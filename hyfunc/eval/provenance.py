@@ -84,7 +84,10 @@ def model_record(backend: Any) -> dict[str, Any]:
         # The registry checks the assembled GGUF against this value before converting it.
         "gguf_sha256": spec.sha256 if spec is not None else None,
         "upstream": spec.upstream if spec is not None else None,
-        "dtype": str(model.dtype).removeprefix("torch.") if model is not None else None,
+        # llama.cpp runs the GGUF's own quantisation (Q4_K_M, Q4_1, ...): no torch dtype.
+        "dtype": str(model.dtype).removeprefix("torch.") if model is not None else "gguf",
+        "engine": getattr(backend, "engine", None),
+        "description": getattr(backend, "description", None),
         "device": str(backend.device),
     }
 

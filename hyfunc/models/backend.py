@@ -121,6 +121,10 @@ class Backend(BackendBase):
         return self.model.config.hidden_size
 
     @property
+    def context_length(self) -> int:
+        return int(getattr(self.model.config, "max_position_embeddings", 4096))
+
+    @property
     def description(self) -> str:
         return f"{self.name} on transformers {str(self.model.dtype).removeprefix('torch.')} ({self.device.type}, {torch.get_num_threads()} threads)"
 

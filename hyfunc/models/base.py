@@ -63,6 +63,11 @@ class BackendBase:
     def fork(self, cache: Any) -> Any:
         raise NotImplementedError
 
+    @property
+    def context_length(self) -> int:
+        """Tokens one prompt and its answer may hold."""
+        raise NotImplementedError
+
     def _eos_ids(self) -> set[int]:
         ids = set()
         for source in (self._config_eos(), self.tokenizer.eos_token_id):

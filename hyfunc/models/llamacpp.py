@@ -172,6 +172,11 @@ class LlamaCppBackend(BackendBase):
         return self._n_embd
 
     @property
+    def context_length(self) -> int:
+        """What one sequence may hold: the model's trained context, within this context's cells."""
+        return min(self.n_ctx, self._lib.llama_model_n_ctx_train(self._model))
+
+    @property
     def description(self) -> str:
         lora = ", LoRA adapter" if self._adapter else ""
         return f"{self.name} on llama.cpp {self.gguf_path.name}{lora} ({self._threads} threads)"

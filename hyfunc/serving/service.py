@@ -147,7 +147,7 @@ class ChatService:
         # A copy for counting tokens in the event loop while the worker uses the original: a fast
         # tokenizer raises "Already borrowed" when one instance is used by two threads at once.
         self._tokenizer = copy.deepcopy(backend.tokenizer)
-        self.context_tokens = config.context_tokens or int(getattr(backend.model.config, "max_position_embeddings", 4096))
+        self.context_tokens = config.context_tokens or backend.context_length
 
     def model_ids(self) -> list[str]:
         return [self.config.served_model] + [m.name for m in self.methods.values() if m.name != self.config.served_model]
