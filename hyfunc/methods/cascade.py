@@ -150,7 +150,7 @@ class HyFuncMethod:
     @classmethod
     def load(
         cls, directory: str | Path, options: CascadeOptions | None = None, device: str | None = None,
-        large: BackendBase | None = None, large_engine: str = "auto", small_engine: str = "transformers",
+        large: BackendBase | None = None, large_engine: str = "auto", small_engine: str = "auto",
     ) -> HyFuncMethod:
         """The cascade prepared in `directory`, its large and small models on the given engines;
         `large`: an already loaded large model to reuse (used only if it is the artifact's)."""
