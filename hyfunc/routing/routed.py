@@ -118,7 +118,7 @@ class RoutedMethod:
         self._watch: tuple[Path, float, str | None] | None = None  # (versions root, poll s, champion)
         self._next_poll = 0.0
         self._loading = threading.Lock()
-        self._engine, self._device = "transformers", None
+        self._engine, self._device = "auto", None
         self.small_slot = _SmallSlot(self)
 
     # -- construction ----------------------------------------------------------------------
