@@ -79,3 +79,28 @@ def tiny_version(directory: Path, small_model: Path, threshold: float | None = N
     selector.save(directory / "small" / "selector", meta={"embedder": MINILM_NAME})
     (directory / "small" / SMALL_MANIFEST).write_text(json.dumps(small_description(str(small_model), adapter=False)))
     return directory
+
+
+class ListSink:
+    """A TrafficSink that keeps what it gets in a list, or fails like a full disk (`fail=True`)."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.records: list = []
+        self.fail = fail
+
+    def record(self, request) -> None:
+        if self.fail:
+            raise OSError("disk full")
+        self.records.append(request)
+
+
+def permissive_selector(directory: Path) -> Path:
+    """The untrained (identity) MiniLM selector with thresholds that keep the matching tools and
+    never refuse: tiny models' tests need tools to reach the small path."""
+    from hyfunc.cascade.selector import identity_selector
+    from hyfunc.models.minilm import MINILM_NAME
+
+    selector = identity_selector()
+    selector.config.lexical_weight, selector.config.threshold, selector.config.refusal_threshold = 1.0, 0.9, -1.0
+    selector.save(directory, meta={"embedder": MINILM_NAME})
+    return directory

@@ -19,11 +19,9 @@ from hyfunc.methods.cascade import HyFuncMethod
 from hyfunc.methods.direct import DirectMethod
 from hyfunc.routing.cycle import CycleConfig
 from hyfunc.routing.distil import DistilConfig
-from hyfunc.models.minilm import MINILM_NAME
-from hyfunc.cascade.selector import identity_selector
 from hyfunc.routing.store import open_store
 from hyfunc.routing.versions import GateConfig
-from tests.odia_fixtures import tiny_artifact
+from tests.odia_fixtures import tiny_artifact, permissive_selector
 from tests.test_serve_sdk import TOOLS
 
 
@@ -48,9 +46,7 @@ def synthetic_data(directory: Path, n: int = 300) -> Path:
 @pytest.fixture(scope="module")
 def parts(tmp_path_factory: pytest.TempPathFactory) -> dict:
     root = tmp_path_factory.mktemp("bench")
-    selector = identity_selector()
-    selector.config.lexical_weight, selector.config.threshold, selector.config.refusal_threshold = 1.0, 0.9, -1.0
-    selector.save(root / "selector", meta={"embedder": MINILM_NAME})
+    permissive_selector(root / "selector")
     return {"root": root, "data": synthetic_data(root / "data"), "artifact": tiny_artifact(root / "cascade"),
             "selector": root / "selector"}
 

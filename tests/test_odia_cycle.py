@@ -21,10 +21,9 @@ from hyfunc.routing.distil import DistilConfig
 from hyfunc.models.minilm import MINILM_NAME
 from hyfunc.routing.record import ServedRequest
 from hyfunc.routing.routed import RoutedMethod
-from hyfunc.cascade.selector import identity_selector
 from hyfunc.routing.store import encode, open_store
 from hyfunc.routing.versions import Versions
-from tests.odia_fixtures import tiny_artifact
+from tests.odia_fixtures import tiny_artifact, permissive_selector
 from tests.test_serve_sdk import TOOLS
 
 T0 = 1_700_000_000.0
@@ -50,9 +49,7 @@ def traffic(start: int, n: int) -> list[ServedRequest]:
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory: pytest.TempPathFactory) -> dict:
     root = tmp_path_factory.mktemp("cycle")
-    selector = identity_selector()
-    selector.config.lexical_weight, selector.config.threshold, selector.config.refusal_threshold = 1.0, 0.9, -1.0
-    selector.save(root / "selector", meta={"embedder": MINILM_NAME})
+    permissive_selector(root / "selector")
     store = root / "traffic.sqlite"
     with open_store(store) as opened:
         opened.write([encode(r) for r in traffic(0, 60)])

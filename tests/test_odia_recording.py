@@ -9,22 +9,12 @@ import pytest
 from hyfunc.cli import main
 from hyfunc.formats.schema import parse_tools
 from hyfunc.methods.cascade import HyFuncMethod
-from hyfunc.routing.record import ServedRequest
 from hyfunc.routing.recording import RecordedMethod
 from hyfunc.routing.store import open_store
-from tests.odia_fixtures import tiny_artifact
+from tests.odia_fixtures import ListSink, tiny_artifact
 from tests.test_serve_sdk import ASK, TOOLS
 
 
-class ListSink:
-    def __init__(self, fail: bool = False) -> None:
-        self.records: list[ServedRequest] = []
-        self.fail = fail
-
-    def record(self, request: ServedRequest) -> None:
-        if self.fail:
-            raise OSError("disk full")
-        self.records.append(request)
 
 
 @pytest.fixture(scope="module")

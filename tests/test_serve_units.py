@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from hyfunc.routing.record import ServedRequest
 from hyfunc.serving import ServeConfig, create_app
 from hyfunc.serving.conversation import read_conversation
 from hyfunc.serving.protocol import ChatCompletionRequest
+from tests.odia_fixtures import ListSink
 from tests.serve_app import tiny_cascade
 from tests.test_serve_sdk import ASK, TOOLS
 
@@ -59,15 +59,6 @@ def test_calls_already_answered_are_known_and_old_turns_go_first() -> None:
     assert bounded.dropped >= 1 and bounded.request == "And in Berlin?" and "Weather in Paris" not in bounded.transcript()
 
 
-class Sink:
-    def __init__(self, fail: bool = False):
-        self.records: list[ServedRequest] = []
-        self.fail = fail
-
-    def record(self, request: ServedRequest) -> None:
-        if self.fail:
-            raise OSError("disk full")
-        self.records.append(request)
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +71,7 @@ def _ask(client: TestClient, **kwargs: Any) -> Any:
 
 
 def test_each_answer_is_recorded_once_and_a_failing_log_fails_nothing(cascade: Any) -> None:
-    sink = Sink()
+    sink = ListSink()
     client = TestClient(create_app(cascade, ServeConfig(**CONFIG), traffic=sink))
     calls = _ask(client, tools=TOOLS).json()["choices"][0]["message"]["tool_calls"]
     _ask(client, stream=True)
@@ -89,7 +80,7 @@ def test_each_answer_is_recorded_once_and_a_failing_log_fails_nothing(cascade: A
     assert first.path == "cascade" and first.tools[0]["function"]["name"] == "get_weather"
     assert [c["name"] for c in first.calls] == [c["function"]["name"] for c in calls] and first.timings["large_prefill"] > 0
     assert first.models["large"] == "tiny" and second.calls == [] and second.text
-    broken = TestClient(create_app(cascade, ServeConfig(**CONFIG), traffic=Sink(fail=True)))
+    broken = TestClient(create_app(cascade, ServeConfig(**CONFIG), traffic=ListSink(fail=True)))
     assert _ask(broken, tools=TOOLS).status_code == 200
     assert "hyfunc:traffic_sink_errors_total 1.0" in broken.get("/metrics").text
 
