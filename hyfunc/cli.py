@@ -12,6 +12,7 @@ from hyfunc.cli_checks import (
     CALL_FORMATS,
     check_bfcl_inputs,
     check_loadable,
+    split_engine_spec,
     check_method_options,
     format_answer,
     one_line,
@@ -184,7 +185,6 @@ def _dir_name(label: str) -> str:
 
 def _side_by_side_methods(args: argparse.Namespace) -> dict:
     """The main method, its ablations and the direct baselines, sharing loaded models."""
-    from hyfunc.methods import load_method
     from hyfunc.methods.cascade import CascadeOptions
 
     main = _build_method(args)
@@ -208,14 +208,23 @@ def _side_by_side_methods(args: argparse.Namespace) -> dict:
             label += "-2"
         methods[label] = other
     for spec in args.with_direct:
-        model, _, engine = spec.partition("@")
-        engine = resolve_engine(engine or args.engine, model, args.device)
-        large = getattr(main, "large", None)
-        # The cascade's large model is the same network: answering directly with it needs no second copy.
-        backend = large if large is not None and large.name == model and large.engine == engine else None
-        label = f"direct:{model}" + (f"@{engine}" if "@" in spec else "")
-        methods[label] = load_method("direct", model=model, device=args.device, backend=backend, engine=engine)
+        model, engine, direct = _direct_baseline(spec, args, getattr(main, "large", None))
+        methods[f"direct:{model}" + (f"@{engine}" if "@" in spec else "")] = direct
     return methods
+
+
+def _direct_baseline(spec: str, args: argparse.Namespace, large, prefix_caching: bool = False) -> tuple:
+    """(model, engine, direct method) of a MODEL[@ENGINE] spec. A cascade's large model that is the
+    same network on the same engine answers directly too: no second copy is loaded."""
+    from hyfunc.methods import load_method
+
+    model, _, engine = spec.partition("@")
+    engine = resolve_engine(engine or args.engine, model, args.device)
+    backend = large if large is not None and large.name == model and large.engine == engine else None
+    direct = load_method(
+        "direct", model=model, device=args.device, prefix_caching=prefix_caching, backend=backend, engine=engine
+    )
+    return model, engine, direct
 
 
 def cmd_eval_compare(args: argparse.Namespace) -> int:
@@ -234,10 +243,7 @@ def cmd_bench_library(args: argparse.Namespace) -> int:
     )
     from hyfunc.methods import load_method
 
-    models = [spec.partition("@")[0] for spec in args.with_direct or []]
-    for engine in [args.engine, args.small_engine] + [spec.partition("@")[2] for spec in args.with_direct or []]:
-        if engine:
-            check_engine(engine)
+    models = [split_engine_spec(spec)[0] for spec in args.with_direct or []]
     check_loadable(models, [args.artifact] if args.artifact else [], args.device)
     examples, tools = library_examples(args.data, args.requests, args.seed)
     with steps("loading models", total=2) as progress:
@@ -248,13 +254,8 @@ def cmd_bench_library(args: argparse.Namespace) -> int:
         methods = {"hyfunc": cascade}
         progress.next("direct prompting")
         for spec in args.with_direct or [f"{cascade.large.name}@{args.engine}"]:
-            model, _, engine = spec.partition("@")
-            engine = resolve_engine(engine or args.engine, model, args.device)
-            same = model == cascade.large.name and engine == cascade.large.engine
-            methods[f"direct:{model}@{engine}"] = load_method(
-                "direct", model=model, device=args.device, prefix_caching=True, backend=cascade.large if same else None,
-                engine=engine,
-            )
+            model, engine, direct = _direct_baseline(spec, args, cascade.large, prefix_caching=True)
+            methods[f"direct:{model}@{engine}"] = direct
     result = run_library_benchmark(methods, examples, tools)
     paths = write_library_report(result, args.out)
     print(paths["md"].read_text())

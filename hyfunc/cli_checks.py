@@ -42,7 +42,7 @@ _METHOD_ONLY = {
 }
 
 
-def _split_engines(spec: str) -> tuple[str, list[str]]:
+def split_engine_spec(spec: str) -> tuple[str, list[str]]:
     """"name@engine" or "artifact@large,small" -> (name, [engines]) with each engine checked."""
     name, _, engines = spec.partition("@")
     return name, [check_engine(e) for e in engines.split(",")] if engines else []
@@ -56,9 +56,9 @@ def check_method_options(args: argparse.Namespace) -> None:
             raise InputError(f"{flag} applies to --method {method} only ({why}); drop it or use --method {method}")
     models = [args.model or DEFAULT_LARGE] if args.method == "direct" else []
     artifacts = [args.artifact] if args.method == "hyfunc" and args.artifact else []
-    models += [_split_engines(spec)[0] for spec in getattr(args, "with_direct", None) or []]
+    models += [split_engine_spec(spec)[0] for spec in getattr(args, "with_direct", None) or []]
     for spec in getattr(args, "with_cascade", None) or []:
-        artifact = _split_engines(spec)[0]
+        artifact = split_engine_spec(spec)[0]
         if artifact != "shipped":  # the shipped cascade is always there
             artifacts.append(artifact)
     check_loadable(models, artifacts, getattr(args, "device", None))

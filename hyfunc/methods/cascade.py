@@ -40,6 +40,7 @@ from hyfunc.cascade.soft_token import Encoding, LibraryCache, SoftTokenEncoder
 from hyfunc.cascade.templating import TemplateDecoder
 from hyfunc.errors import InputError
 from hyfunc.formats.calls import CallParseError, parse_calls
+from hyfunc.formats.messages import request_text
 from hyfunc.formats.schema import Tool
 from hyfunc.methods.base import Answer, calls_text
 from hyfunc.models.base import BackendBase, PrefixCache, StepOutput
@@ -93,10 +94,9 @@ class SharedLargePass:
 
 
 def _request_text(messages: Sequence[dict]) -> str:
-    users = [m["content"] for m in messages if m.get("role") == "user"]
-    if not users:
+    if not any(m.get("role") == "user" for m in messages):
         raise InputError("the request has no user message")
-    return users[-1]
+    return request_text(messages)
 
 
 class HyFuncMethod:

@@ -15,8 +15,6 @@ ever pays that, which takes long for thousands of tools).
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 from collections import OrderedDict
 from typing import Any, Sequence
@@ -25,12 +23,13 @@ import numpy as np
 import torch
 
 from hyfunc.formats.schema import Tool
+from hyfunc.routing.store import library_fingerprint
 from hyfunc.serving.metrics import ServerMetrics
 
 
 def fingerprint(tools: Sequence[Tool]) -> str:
-    canonical = json.dumps([t.to_json_schema() for t in tools], sort_keys=True, ensure_ascii=False)
-    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+    """The traffic log's library fingerprint of the tools' canonical schemas (any key order)."""
+    return library_fingerprint([t.to_json_schema() for t in tools])
 
 
 def tensor_bytes(obj: Any, depth: int = 0, seen: set[int] | None = None) -> int:
