@@ -40,7 +40,7 @@ def _add_method_args(parser: argparse.ArgumentParser, prefix_caching: bool) -> N
         "--artifact", help="cascade directory made by `hyfunc prepare` (method hyfunc; default: the shipped one)"
     )
     parser.add_argument(
-        "--ablate", nargs="+", default=[], choices=["soft_token", "retriever", "templating"],
+        "--ablate", nargs="+", default=[], choices=["soft_token", "retriever", "templating", "off_topic_gate"],
         help="switch cascade stages off (method hyfunc)",
     )
     # No defaults here: an option given with a method it does not apply to is refused (cli_checks).
@@ -289,12 +289,20 @@ def cmd_bench_retriever(args: argparse.Namespace) -> int:
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
-    from hyfunc.cascade.prepare import PrepareConfig, prepare
+    from hyfunc.cascade.prepare import PrepareConfig, add_gate, prepare
+
+    if args.gate_only:
+        if not (Path(args.out) / "manifest.json").is_file():
+            raise InputError(f"--gate-only: {args.out} is not a prepared cascade (no manifest.json)")
+        metrics = add_gate(Path(args.out), args.data, args.seed)
+        print(json.dumps({"artifact": args.out, "off_topic_gate": metrics}, indent=2))
+        return 0
 
     config = PrepareConfig(
         large_model=args.large, small_model=args.small, data=args.data, sft_epochs=args.epochs,
         lora_rank=args.lora_rank, max_examples=args.max_examples, sft_max_items=args.sft_max_items, seed=args.seed,
-        library=args.library, repeat_fraction=args.repeat_fraction, off_topic=args.off_topic,
+        library=args.library, repeat_fraction=args.repeat_fraction,
+        off_topic_gate=not args.no_off_topic_gate,
     )
     manifest = prepare(config, Path(args.out))
     print(json.dumps({"artifact": args.out, "metrics": manifest["metrics"], "seconds": manifest["seconds"]}, indent=2))
@@ -375,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
         "ARTIFACT@LARGE_ENGINE,SMALL_ENGINE ('shipped' = the shipped one)",
     )
     bfcl.add_argument(
-        "--ablations", nargs="+", default=[], choices=["soft_token", "retriever", "templating"],
+        "--ablations", nargs="+", default=[], choices=["soft_token", "retriever", "templating", "off_topic_gate"],
         help="also run the cascade with each of these stages switched off (one variant per stage)",
     )
     bfcl.set_defaults(func=cmd_eval_bfcl)
@@ -432,9 +440,11 @@ def main(argv: list[str] | None = None) -> int:
         help="add this fraction of repeated-call examples, joined from single-call requests of the data (BFCL's parallel case)",
     )
     prep.add_argument(
-        "--off-topic", action="store_true",
-        help="add off-topic requests (small talk, trivia from the ChatterBot corpus) as refusal examples",
+        "--no-off-topic-gate", action="store_true",
+        help="skip the off-topic gate, which refuses small talk (about 400 large-model passes)",
     )
+    prep.add_argument("--gate-only", action="store_true",
+                      help="only (re)train the off-topic gate of the cascade already in --out, on --data")
     prep.add_argument("--library", default=None, help="a large tool library (JSON Lines): also train its per-function retriever")
     prep.add_argument("--seed", type=int, default=0)
     prep.set_defaults(func=cmd_prepare)

@@ -45,15 +45,16 @@ def test_prepare_writes_every_artifact_resumes_and_serves(data_file, tmp_path):
     config = PrepareConfig(
         large_model="tiny-large", small_model="tiny-small", data=[str(data_file)], val_fraction=0.3,
         shard_size=4, retriever={"proj_dim": 16, "epochs": 3, "lr": 1e-2, "refusal_head": True}, sft_epochs=1, lora_rank=4, sft_grad_accum=2,
-        repeat_fraction=0.2, off_topic=True,
+        repeat_fraction=0.2,
     )
     out = tmp_path / "artifact"
     manifest = prepare(config, out, large=large, small=small)
     embedded = {i for held, _ in read_shards(out / "embeddings") for i in held}
     assert any("~and~" in i for i in embedded)  # repeated-call examples joined from the data
-    assert any(i.startswith("chatterbot-") for i in embedded)  # off-topic requests shown the data's tools
+    assert not any(i.startswith("chatterbot-") for i in embedded)  # small talk trains the gate, not the refusal head
 
-    for path in ("manifest.json", "retriever/manifest.json", "projector.safetensors", "adapter", "sft/state.json"):
+    for path in ("manifest.json", "retriever/manifest.json", "projector.safetensors", "adapter", "sft/state.json",
+                 "off_topic/manifest.json"):
         assert (out / path).exists(), path
     assert manifest["data"]["train"] + manifest["data"]["validation"] >= 21
     assert manifest["metrics"]["sft"]["items"] > 0 and len(manifest["metrics"]["sft"]["epoch_losses"]) == 1
@@ -71,10 +72,13 @@ def test_prepare_writes_every_artifact_resumes_and_serves(data_file, tmp_path):
     shards = sorted((out / "embeddings").glob("*.safetensors"))
     stamps = [p.stat().st_mtime_ns for p in shards]
     retriever_stamp = (out / "retriever" / "retriever.safetensors").stat().st_mtime_ns
+    gate_stamp = (out / "off_topic" / "gate.safetensors").stat().st_mtime_ns
+    assert manifest["metrics"]["off_topic_gate"]["validation"]["off_topic_requests"] > 0
     resumed = prepare(config, out, large=large, small=tiny_backend(hidden_size=32, seed=2))
     assert [p.stat().st_mtime_ns for p in shards] == stamps
     assert manifest["earlier_runs"] == [] and resumed["earlier_runs"] == [{"seconds": manifest["seconds"]}]
     assert (out / "retriever" / "retriever.safetensors").stat().st_mtime_ns == retriever_stamp
+    assert (out / "off_topic" / "gate.safetensors").stat().st_mtime_ns == gate_stamp
 
     # the online cascade answers with schema-valid calls to offered tools only
     method = HyFuncMethod(large, tiny_backend(hidden_size=32, seed=2), Retriever.load(out / "retriever"), load_projector(out))
@@ -89,7 +93,7 @@ def test_prepare_writes_every_artifact_resumes_and_serves(data_file, tmp_path):
 
 def test_cascade_refuses_without_running_the_small_model(data_file, tmp_path):
     large, small = tiny_backend(hidden_size=48, seed=1), tiny_backend(hidden_size=32, seed=2)
-    config = PrepareConfig(large_model="l", small_model="s", data=[str(data_file)], val_fraction=0.3,
+    config = PrepareConfig(large_model="l", small_model="s", data=[str(data_file)], val_fraction=0.3, off_topic_gate=False,
                            retriever={"proj_dim": 16, "epochs": 1}, sft_epochs=1, lora_rank=0)
     prepare(config, tmp_path, large=large, small=small)
     retriever = Retriever.load(tmp_path / "retriever")
@@ -101,7 +105,7 @@ def test_cascade_refuses_without_running_the_small_model(data_file, tmp_path):
 
 def test_ablation_switches_are_honoured(data_file, tmp_path):
     large, small = tiny_backend(hidden_size=48, seed=1), tiny_backend(hidden_size=32, seed=2)
-    config = PrepareConfig(large_model="l", small_model="s", data=[str(data_file)], val_fraction=0.3,
+    config = PrepareConfig(large_model="l", small_model="s", data=[str(data_file)], val_fraction=0.3, off_topic_gate=False,
                            retriever={"proj_dim": 16, "epochs": 1}, sft_epochs=1, lora_rank=0)
     prepare(config, tmp_path, large=large, small=small)
     tools = parse_tools([WEATHER, TABLE, FX])
@@ -115,7 +119,7 @@ def test_ablation_switches_are_honoured(data_file, tmp_path):
 
 def test_variants_share_the_large_pass(data_file, tmp_path):
     large, small = tiny_backend(hidden_size=48, seed=1), tiny_backend(hidden_size=32, seed=2)
-    config = PrepareConfig(large_model="l", small_model="s", data=[str(data_file)], val_fraction=0.3,
+    config = PrepareConfig(large_model="l", small_model="s", data=[str(data_file)], val_fraction=0.3, off_topic_gate=False,
                            retriever={"proj_dim": 16, "epochs": 1}, sft_epochs=1, lora_rank=0)
     prepare(config, tmp_path, large=large, small=small)
     method = HyFuncMethod(large, small, Retriever.load(tmp_path / "retriever"), load_projector(tmp_path))
@@ -158,7 +162,7 @@ def test_library_benchmark_on_held_out_examples(tmp_path):
         library_examples([str(path)], n=1000)
 
     large, small = tiny_backend(hidden_size=48, seed=1), tiny_backend(hidden_size=32, seed=2)
-    config = PrepareConfig(large_model="l", small_model="s", data=[str(path)], val_fraction=0.3,
+    config = PrepareConfig(large_model="l", small_model="s", data=[str(path)], val_fraction=0.3, off_topic_gate=False,
                            retriever={"proj_dim": 16, "epochs": 1}, sft_epochs=1, lora_rank=0, max_examples=20)
     prepare(config, tmp_path / "artifact", large=large, small=small)
     cascade = HyFuncMethod(large, small, Retriever.load(tmp_path / "artifact" / "retriever"), load_projector(tmp_path / "artifact"))
@@ -186,7 +190,7 @@ def test_library_retriever_benchmark_and_per_function_serving(data_file, tmp_pat
     assert requests and all(ex.answers for ex in requests)
 
     large, small = tiny_backend(hidden_size=48, seed=1), tiny_backend(hidden_size=32, seed=2)
-    config = PrepareConfig(large_model="l", small_model="s", data=[str(data_file)], val_fraction=0.3,
+    config = PrepareConfig(large_model="l", small_model="s", data=[str(data_file)], val_fraction=0.3, off_topic_gate=False,
                            retriever={"proj_dim": 16, "epochs": 1, "refusal_head": True}, sft_epochs=1, lora_rank=0, library=str(library_file))
     manifest = prepare(config, tmp_path / "artifact", large=large, small=small)
     lib_metrics = manifest["metrics"]["library_retriever"]
@@ -251,12 +255,6 @@ def test_balanced_sample_and_refusal_examples():
     near = [ex for ex in extra if ex.source == "augmented-near-miss"]
     assert near and all("get_weather" not in {t.name for t in ex.tools} and ex.tools for ex in near)
     assert [ex.id for ex in augment_refusals(rows[:20], 0.5, seed=0)[20:]] == [ex.id for ex in extra]
-
-    chat = [Example(f"c{i}", "chat", f"Tell me a joke number {i}.", [], []) for i in range(30)]
-    with_chat = augment_refusals(rows[:20], 0.5, seed=0, off_topic=chat)
-    off = [ex for ex in with_chat if ex.source == "augmented-off-topic"]
-    assert len(off) == 10 and all(ex.tools and ex.answers == [] and ex.query.startswith("Tell me") for ex in off)
-    assert [ex for ex in with_chat if ex.source != "augmented-off-topic"] == augmented  # the other kinds unchanged
 
 
 def test_off_topic_requests_come_from_the_chatterbot_corpus():

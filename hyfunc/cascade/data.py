@@ -8,7 +8,7 @@ import random
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Iterable, Sequence, Union
+from typing import Iterable, Union
 
 import yaml
 
@@ -147,13 +147,14 @@ def off_topic_requests() -> list[Example]:
     ]
 
 
-def augment_refusals(examples: list[Example], fraction: float, seed: int, off_topic: Sequence[Example] = ()) -> list[Example]:
+def augment_refusals(examples: list[Example], fraction: float, seed: int) -> list[Example]:
     """No-call examples, `fraction` of len(examples) of each kind:
 
     - near miss: a request shown its own tool list without the tools its answer calls (same domain,
       close names: BFCL's irrelevance cases look like this);
-    - unrelated: a request shown only the tools of another example that share no name with its own;
-    - off-topic (if `off_topic` requests are given): one of them shown the tools of an example.
+    - unrelated: a request shown only the tools of another example that share no name with its own.
+
+Off-topic requests are not among them: the off-topic gate (off_topic.py) learns those apart.
 
     Ids name what the example is made of, so cached embeddings stay valid across runs."""
     rng = random.Random(seed)
@@ -172,12 +173,6 @@ def augment_refusals(examples: list[Example], fraction: float, seed: int, off_to
         if tools:
             key = f"{ex.id}~tools-of~{other.id}"
             extra[key] = Example(key, "augmented-unrelated", ex.query, tools, [])
-    # A separate generator: adding off-topic requests leaves the other kinds' draws as they were.
-    off_rng = random.Random(f"{seed}:off-topic")
-    for request in off_rng.sample(list(off_topic), min(len(off_topic), int(len(examples) * fraction))) if callers else []:
-        other = off_rng.choice(callers)
-        key = f"{request.id}~tools-of~{other.id}"
-        extra[key] = Example(key, "augmented-off-topic", request.query, other.tools, [])
     return examples + list(extra.values())
 
 

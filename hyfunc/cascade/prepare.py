@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -37,13 +38,13 @@ from hyfunc.cascade.data import (
     augment_refusals,
     call_pattern,
     load_examples,
-    off_topic_requests,
     repeated_examples,
     sample_by_pattern,
     split_examples,
 )
 from hyfunc.cascade.lexical import fit_lexical_weight, lexical_scores
 from hyfunc.cascade.library import train_library_retriever
+from hyfunc.cascade.off_topic import GATE_DIR, OffTopicGate, train_gate
 from hyfunc.cascade.retriever import (
     RetrievalData,
     Retriever,
@@ -78,7 +79,7 @@ class PrepareConfig:
     data: list[str]
     val_fraction: float = 0.1
     refusal_fraction: float = 0.15  # extra no-call examples of each kind (near miss, unrelated tools, off-topic)
-    off_topic: bool = False  # also off-topic requests (small talk, trivia: data.off_topic_requests) as refusals
+    off_topic_gate: bool = True  # train the off-topic gate (off_topic.py) on the large model's soft tokens
     repeat_fraction: float = 0.0  # extra repeated-call examples (data.repeated_examples), from the whole split
     shard_size: int = 64
     retriever: dict = field(default_factory=lambda: {"proj_dim": 256, "mlp_hidden": 0, "epochs": 30, "lr": 1e-3, "refusal_head": True})
@@ -327,6 +328,35 @@ def calibrate_keep_threshold(
 # the whole preparation
 
 
+def prepare_gate(out: Path, encoder: SoftTokenEncoder, examples: Sequence[Example], large_model: str, seed: int) -> dict:
+    """Train the off-topic gate on the whole data's split and save it in `out` (kept if already
+    there: a resumed run does not pay its large-model passes again); returns its metrics."""
+    if (out / "manifest.json").is_file():
+        return OffTopicGate.load(out).config.metrics
+    gate = train_gate(examples, lambda query, tools: encoder.encode(query, tools).soft_token, large_model, seed=seed)
+    gate.save(out)
+    return gate.config.metrics
+
+
+def add_gate(artifact: Path, data: Sequence[str], seed: int = 0, large: Backend | None = None) -> dict:
+    """Train (again) the off-topic gate of an existing cascade artifact on `data`, leaving its
+    other parts as they are; the manifest records the gate's data and metrics. Returns them."""
+    manifest_path = artifact / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    large = large or Backend(manifest["large_model"])
+    shutil.rmtree(artifact / GATE_DIR, ignore_errors=True)
+    everything = load_examples(list(data))
+    started = time.perf_counter()
+    metrics = prepare_gate(artifact / GATE_DIR, SoftTokenEncoder(large), everything, manifest["large_model"], seed)
+    manifest["config"]["off_topic_gate"] = True
+    manifest["metrics"]["off_topic_gate"] = {**metrics, "data": {"paths": list(data), "sha256": data_hash(list(data))}}
+    manifest.setdefault("seconds", {})["off_topic_gate"] = time.perf_counter() - started
+    tmp = artifact / "manifest.json.tmp"
+    tmp.write_text(json.dumps(manifest, indent=2))
+    tmp.replace(manifest_path)
+    return metrics
+
+
 def model_record(backend: Backend, name: str) -> dict:
     from hyfunc.models.registry import DEFAULT_MODELS
 
@@ -362,9 +392,8 @@ def prepare(config: PrepareConfig, out: Path, large: Backend | None = None, smal
     examples = sample_by_pattern(everything, config.max_examples, config.seed) if config.max_examples else everything
     train, val = split_examples(examples, config.val_fraction)
     _check_split(train, val, config.val_fraction)
-    off_train, off_val = split_examples(off_topic_requests() if config.off_topic else [], config.val_fraction)
-    train = augment_refusals(train, config.refusal_fraction, config.seed, off_train)
-    val = augment_refusals(val, config.refusal_fraction, config.seed + 1, off_val)
+    train = augment_refusals(train, config.refusal_fraction, config.seed)
+    val = augment_refusals(val, config.refusal_fraction, config.seed + 1)
     # The whole data's split (the same hash split, a superset of a sample's): the library
     # retriever trains on all of it, and repeated-call examples are joined from all of it.
     all_train, all_val = split_examples(everything, config.val_fraction)
@@ -395,6 +424,13 @@ def prepare(config: PrepareConfig, out: Path, large: Backend | None = None, smal
         )
         timings["library_retriever"] = time.perf_counter() - start
 
+    gate_metrics = None
+    if config.off_topic_gate:
+        start = time.perf_counter()
+        gate_metrics = prepare_gate(out / GATE_DIR, SoftTokenEncoder(large), all_train + all_val, config.large_model,
+                                    config.seed)
+        timings["off_topic_gate"] = time.perf_counter() - start
+
     start = time.perf_counter()
     # fp32 for the small model: it is trained here (LoRA + projector), and it is cheap anyway.
     small = small or Backend(config.small_model, dtype=torch.float32)
@@ -424,7 +460,8 @@ def prepare(config: PrepareConfig, out: Path, large: Backend | None = None, smal
         "models": {"large": model_record(large, config.large_model), "small": small_record},
         "data": {"paths": config.data, "sha256": data_hash(config.data), "train": len(train), "validation": len(val)},
         "config": asdict(config),
-        "metrics": {"retriever": retriever_metrics, "sft": sft_metrics, **({"library_retriever": library_metrics} if library_metrics else {})},
+        "metrics": {"retriever": retriever_metrics, "sft": sft_metrics, **({"library_retriever": library_metrics} if library_metrics else {}),
+                    **({"off_topic_gate": gate_metrics} if gate_metrics else {})},
         "seconds": timings,
         # A resumed run skips finished stages, so its own times understate them: keep earlier runs' times.
         "earlier_runs": _earlier_runs(out / "manifest.json"),

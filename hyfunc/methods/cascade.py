@@ -15,6 +15,10 @@ An artifact directory (written by `hyfunc prepare`) holds what was trained::
     projector.safetensors, projector.json
     adapter/             LoRA adapter of the small model (peft), optional
     library_retriever/   retriever for a large library in per-function mode, optional
+    off_topic/           the off-topic gate (cascade/off_topic.py), optional
+
+With an off-topic gate in the artifact, small talk and general questions are refused after step 1
+when both its detectors agree (MiniLM finds no offered tool close, the soft token reads off-topic).
 """
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ import torch
 
 from hyfunc.cascade.lexical import lexical_scores
 from hyfunc.cascade.library import PerFunctionLibrary
+from hyfunc.cascade.off_topic import GATE_DIR, OffTopicGate
 from hyfunc.cascade.retriever import Retriever
 from hyfunc.cascade.small_model import (
     SmallPrompt,
@@ -59,6 +64,7 @@ class CascadeOptions:
     soft_token: bool = True  # insert the projected soft token into the small model's prompt
     retriever: bool = True  # False: the small model sees every offered tool
     templating: bool = True  # False: free greedy decoding of the call text, then parsed
+    off_topic_gate: bool = True  # refuse small talk with the artifact's off-topic gate, if it has one
 
 
 @dataclass
@@ -110,11 +116,13 @@ class HyFuncMethod:
         name: str = "hyfunc",
         shared_pass: SharedLargePass | None = None,
         library_retriever: Retriever | None = None,
+        gate: OffTopicGate | None = None,
     ):
         self.large, self.small = large, small
         self.encoder = SoftTokenEncoder(large)
         self.retriever = retriever
         self.library_retriever = library_retriever
+        self.gate = gate
         self.projector = projector.to(small.device).eval() if projector is not None else None
         self.options = options or CascadeOptions()
         if self.options.soft_token and self.projector is None:
@@ -142,7 +150,8 @@ class HyFuncMethod:
         """The same trained parts under other options (an ablation); both then share each
         request's large-model pass, so a side-by-side run pays for it once."""
         variant = HyFuncMethod(
-            self.large, self.small, self.retriever, self.projector, options, name, self._shared_pass(), self.library_retriever
+            self.large, self.small, self.retriever, self.projector, options, name, self._shared_pass(), self.library_retriever,
+            self.gate,
         )
         variant.artifact = self.artifact
         return variant
@@ -166,7 +175,9 @@ class HyFuncMethod:
         projector = load_projector(directory) if (directory / "projector.json").is_file() else None
         retriever = Retriever.load(directory / "retriever")
         library_retriever = Retriever.load(directory / "library_retriever") if (directory / "library_retriever").is_dir() else None
-        method = cls(large, small, retriever, projector, options, name=f"hyfunc:{directory.name}", library_retriever=library_retriever)
+        gate = OffTopicGate.load(directory / GATE_DIR) if (directory / GATE_DIR).is_dir() else None
+        method = cls(large, small, retriever, projector, options, name=f"hyfunc:{directory.name}",
+                     library_retriever=library_retriever, gate=gate)
         method.artifact = directory
         # The decoder's vocabulary tables take about a second to build: at load, not in the first request.
         method.decoder.vocab(int(small.forward(ids=small.encode("[")).logits.shape[-1]))
@@ -184,6 +195,7 @@ class HyFuncMethod:
             "options": asdict(self.options),
             "retriever": asdict(self.retriever.config),
             "library_retriever": self.library_retriever is not None,
+            "off_topic_gate": asdict(self.gate.config) if self.gate is not None else None,
             "max_prompt_tools": self.MAX_PROMPT_TOOLS,
         }
 
@@ -220,6 +232,8 @@ class HyFuncMethod:
         the small model sees."""
         tools = list(tools)
         self._library, self._per_function = None, None
+        if self.gate is not None:
+            self.gate.tool_vectors(tools)  # embedded once here, not in the first request
         if len(tools) <= self.MAX_PROMPT_TOOLS:
             self._library = self.encoder.build_library(tools)
             return
@@ -261,9 +275,13 @@ class HyFuncMethod:
         """`on_text` (optional): receives the call list as JSON text in pieces, each as soon as
         the templating decoder has written it for good (see `methods.base.calls_text`)."""
         timings: dict[str, float] = {}
+        request = _request_text(messages)
+        gate = self.gate if self.options.off_topic_gate else None
+        start = time.perf_counter()
+        suspected = gate is not None and gate.suspects(request, tools)
+        timings["gate"] = time.perf_counter() - start
         per_function = self._per_function if self._per_function is not None and self._per_function.tools == list(tools) else None
         encoding, reused, retriever = self._encode(messages, tools, per_function)
-        request = _request_text(messages)
         start = time.perf_counter()
         if per_function is not None:
             scored = per_function.score(self.encoder, retriever, request, encoding.soft_token)
@@ -277,6 +295,12 @@ class HyFuncMethod:
                 cosine = retriever.scores(encoding.soft_token, encoding.function_embeddings) if len(tools) else torch.empty(0)
             scores = retriever.fuse(cosine, lexical)
         timings["large_prefill"] = encoding.seconds
+        if suspected and gate.confirms(encoding.soft_token):
+            if on_text is not None:
+                on_text(calls_text([]))
+            return Answer(calls=[], input_tokens=encoding.input_tokens, cached_tokens=encoding.cached_tokens,
+                          timings=timings, reused_seconds=encoding.seconds if reused else 0.0,
+                          details={"refused_by": "off_topic_gate"})
         answerable = float(retriever.answerability(encoding.soft_token, [cosine]))  # "no tool fits" below its threshold
         chosen = retriever.select_from_scores(scores, answerable) if len(tools) else []
         selected = [tools[i] for i in chosen] if self.options.retriever else list(tools)

@@ -198,6 +198,9 @@ class RoutedMethod:
         routing = routing or self.routing
         if routing.router is None or routing.small is None or not tools or not request_text(messages):
             return "cascade", None
+        gate = getattr(self.cascade, "gate", None)
+        if gate is not None and gate.suspects(request_text(messages), tools):
+            return "cascade", None  # maybe small talk: the cascade's gate decides with the large model's state
         calls = confidence = None
         if routing.router.needs_small_answer:
             if small_answer is None:

@@ -1,0 +1,109 @@
+"""The off-topic gate: trained on fc-train requests against the ChatterBot corpus (real MiniLM, a tiny
+random large model's soft tokens), calibrated on the validation split, saved and loaded; in the
+cascade it refuses only where both detectors agree, and the router sends what it suspects to the cascade."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from hyfunc.cascade.data import load_examples
+from hyfunc.cascade.off_topic import GateConfig, OffTopicGate, gate_rates, train_gate
+from hyfunc.cascade.soft_token import SoftTokenEncoder
+from hyfunc.formats.schema import parse_tools
+from hyfunc.methods.cascade import CascadeOptions
+from hyfunc.models.minilm import MiniLMEmbedder
+from tests.serve_app import LARGE_HIDDEN, tiny_cascade
+from tests.test_serve_sdk import TOOLS
+from tests.test_small_path import fc_subset
+from tests.tiny_models import tiny_backend
+
+JOKE = [{"role": "user", "content": "Tell me a joke about cats."}]
+
+
+@pytest.fixture(scope="module")
+def embedder() -> MiniLMEmbedder:
+    return MiniLMEmbedder()
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory, embedder: MiniLMEmbedder) -> tuple[OffTopicGate, Path]:
+    root = tmp_path_factory.mktemp("gate")
+    examples = load_examples([fc_subset(root / "data", 300)])
+    encoder = SoftTokenEncoder(tiny_backend(LARGE_HIDDEN, seed=1))
+    gate = train_gate(examples, lambda query, tools: encoder.encode(query, tools).soft_token, "tiny",
+                      GateConfig(max_false_refusals=0.05), embedder=embedder, max_per_class=40, max_val_calls=40)
+    return gate, gate.save(root / "off_topic")
+
+
+def test_gate_is_calibrated_on_the_validation_call_requests(trained: tuple[OffTopicGate, Path]) -> None:
+    gate, _ = trained
+    val = gate.config.metrics["validation"]
+    assert val["call_requests"] > 0 and val["off_topic_requests"] > 0
+    # Each threshold is the 5 % quantile of the validation call requests' scores.
+    assert val["call_refused_by_minilm"] <= 0.05 + 1e-9 and val["call_refused_by_head"] <= 0.05 + 1e-9
+    assert val["call_refused_by_gate"] <= min(val["call_refused_by_minilm"], val["call_refused_by_head"])
+    # MiniLM is real: requests for no tool are far from fc-train's tools.
+    assert val["off_topic_refused_by_minilm"] > 0.5
+    assert gate.config.large_model == "tiny" and gate.config.metrics["train"]["off_topic_requests"] == 40
+
+
+def test_saved_gate_loads_with_the_same_decisions(trained: tuple[OffTopicGate, Path], embedder: MiniLMEmbedder) -> None:
+    gate, directory = trained
+    loaded = OffTopicGate.load(directory, embedder)
+    tools = parse_tools(TOOLS)
+    request = JOKE[0]["content"]
+    assert loaded.best_cosine(request, tools) == pytest.approx(gate.best_cosine(request, tools))
+    tokens = torch.randn(3, LARGE_HIDDEN)
+    assert torch.allclose(loaded.head_logits(tokens), gate.head_logits(tokens))
+    assert loaded.config.cosine_threshold == gate.config.cosine_threshold
+    with pytest.raises(ValueError, match="trained on all-MiniLM-L6-v2"):
+        OffTopicGate.load(directory, embedder=type("Other", (), {"name": "other"})())
+    with pytest.raises(FileNotFoundError, match="not a saved off-topic gate"):
+        OffTopicGate.load(directory.parent)
+    assert not loaded.suspects(request, [])  # nothing offered: nothing to gate
+
+
+def _gate(cosine: float, head: float, embedder: MiniLMEmbedder) -> OffTopicGate:
+    """A gate whose head reads every soft token as 0 (zero weights): the thresholds decide."""
+    zeros = torch.zeros(LARGE_HIDDEN)
+    return OffTopicGate(zeros, torch.zeros(()), zeros, torch.ones(LARGE_HIDDEN),
+                        GateConfig(cosine_threshold=cosine, head_threshold=head), embedder)
+
+
+@pytest.mark.parametrize("cosine, head, refused", [(2.0, 1.0, True), (2.0, -1.0, False), (-2.0, 1.0, False)])
+def test_cascade_refuses_only_where_both_detectors_agree(cosine: float, head: float, refused: bool,
+                                                          embedder: MiniLMEmbedder) -> None:
+    cascade = tiny_cascade()
+    cascade.gate = _gate(cosine, head, embedder)
+    answer = cascade.answer(JOKE, parse_tools(TOOLS))
+    assert (answer.calls == [] and answer.details.get("refused_by") == "off_topic_gate") is refused
+    assert "gate" in answer.timings and "large_prefill" in answer.timings
+    if refused:  # the ablation without the gate answers the same request
+        ungated = cascade.variant(CascadeOptions(off_topic_gate=False), "no-gate")
+        assert ungated.answer(JOKE, parse_tools(TOOLS)).calls
+
+
+def test_router_sends_suspected_small_talk_to_the_cascade(embedder: MiniLMEmbedder) -> None:
+    from hyfunc.routing.routed import RoutedMethod, Routing
+    from tests.odia_fixtures import length_router
+
+    cascade = tiny_cascade()
+    routed = RoutedMethod(cascade, Routing(router=length_router(threshold=-1e9), small=cascade, version="v"))
+    tools = parse_tools(TOOLS)
+    assert routed.choose(JOKE, tools)[0] == "small"  # this router sends everything to the small path
+    cascade.gate = _gate(2.0, 1.0, embedder)
+    assert routed.choose(JOKE, tools) == ("cascade", None)
+    assert routed.answer(JOKE, tools).details["refused_by"] == "off_topic_gate"
+
+
+def test_gate_rates_count_each_detector(embedder: MiniLMEmbedder) -> None:
+    from hyfunc.cascade.off_topic import GateData
+
+    gate = _gate(0.5, 0.5, embedder)
+    gate.weight = torch.zeros(LARGE_HIDDEN)
+    data = GateData(torch.tensor([0.9, 0.1, 0.1, 0.9]), torch.zeros(4, LARGE_HIDDEN), torch.tensor([1.0, 1.0, 0.0, 0.0]))
+    rates = gate_rates(gate, data)  # the head's logit is 0 < 0.5 everywhere: only MiniLM tells them apart
+    assert rates["call_refused_by_head"] == 1.0 and rates["call_refused_by_minilm"] == 0.5
+    assert rates["call_refused_by_gate"] == 0.5 and rates["off_topic_refused_by_gate"] == 0.5
