@@ -419,10 +419,12 @@ def main(argv: list[str] | None = None) -> int:
     ret.set_defaults(func=cmd_bench_retriever)
 
     from hyfunc.eval.odia_cli import add_bench_odia_parser, add_small_retrieval_parser
+    from hyfunc.eval.refusal import add_bench_refusal_parser
     from hyfunc.serving.bench import add_bench_serve_parser
 
     add_small_retrieval_parser(bench_sub)
     add_bench_odia_parser(bench_sub)
+    add_bench_refusal_parser(bench_sub)
 
     add_bench_serve_parser(bench_sub)
 

@@ -107,3 +107,23 @@ def test_gate_rates_count_each_detector(embedder: MiniLMEmbedder) -> None:
     rates = gate_rates(gate, data)  # the head's logit is 0 < 0.5 everywhere: only MiniLM tells them apart
     assert rates["call_refused_by_head"] == 1.0 and rates["call_refused_by_minilm"] == 0.5
     assert rates["call_refused_by_gate"] == 0.5 and rates["off_topic_refused_by_gate"] == 0.5
+
+
+def test_refusal_benchmark_reports_both_sides(tmp_path: Path, embedder: MiniLMEmbedder) -> None:
+    from hyfunc.eval.refusal import held_out_off_topic, refusal_sets, run_refusal_benchmark, write_refusal_report
+
+    sets = refusal_sets([str(fc_subset(tmp_path / "data", 300))], calls=3, library_requests=3)
+    for name in ("off-topic, demo tools", "off-topic, fc-train tools"):
+        sets["sets"][name] = sets["sets"][name][:4]
+    cascade = tiny_cascade()
+    cascade.gate = _gate(2.0, 1.0, embedder)  # refuses everything: the bench must show it
+    methods = {"with gate": cascade, "without gate": cascade.variant(CascadeOptions(off_topic_gate=False), "no-gate")}
+    result = run_refusal_benchmark(methods, sets)
+    for name, part in result["sets"].items():
+        assert part["summary"]["with gate"]["refused"] == 1.0, name
+        assert part["summary"]["without gate"]["refused"] == 0.0, name  # this tiny retriever never refuses
+    assert result["sets"]["fc-train calls"]["summary"]["with gate"]["exact"] == 0.0
+    assert cascade.library_state() is None  # the library set leaves no fixed library behind
+    paths = write_refusal_report(result, tmp_path / "out")
+    assert "| fixed library | 3 |" in paths["md"].read_text() and paths["png"].stat().st_size > 0
+    assert len(held_out_off_topic()) == 60
