@@ -5,7 +5,8 @@ import pytest
 
 from hyfunc.routing.mining import SmallOutput, mine
 from hyfunc.routing.record import ServedRequest
-from hyfunc.routing.store import Query, encode, open_store
+from hyfunc.routing.store import Query, encode
+from hyfunc.routing.stores import open_store
 
 TOOLS = [{"type": "function", "function": {"name": n, "parameters": {"type": "object", "properties": {}}}}
          for n in ("f", "g")]

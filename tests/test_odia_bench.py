@@ -19,7 +19,7 @@ from hyfunc.methods.cascade import HyFuncMethod
 from hyfunc.methods.direct import DirectMethod
 from hyfunc.routing.cycle import CycleConfig
 from hyfunc.routing.distil import DistilConfig
-from hyfunc.routing.store import open_store
+from hyfunc.routing.stores import open_store
 from hyfunc.routing.versions import GateConfig
 from tests.odia_fixtures import tiny_artifact, permissive_selector
 from tests.test_serve_sdk import TOOLS

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from hyfunc.cli import main
-from hyfunc.routing.store import encode, open_store
+from hyfunc.routing.store import encode
+from hyfunc.routing.stores import open_store
 from tests.pg_server import free_port
 from tests.traffic_writer import request
 

@@ -21,7 +21,8 @@ from hyfunc.routing.distil import DistilConfig
 from hyfunc.models.minilm import MINILM_NAME
 from hyfunc.routing.record import ServedRequest
 from hyfunc.routing.routed import RoutedMethod
-from hyfunc.routing.store import encode, open_store
+from hyfunc.routing.store import encode
+from hyfunc.routing.stores import open_store
 from hyfunc.routing.versions import Versions
 from tests.odia_fixtures import tiny_artifact, permissive_selector
 from tests.test_serve_sdk import TOOLS

@@ -10,7 +10,7 @@ from hyfunc.cli import main
 from hyfunc.formats.schema import parse_tools
 from hyfunc.methods.cascade import HyFuncMethod
 from hyfunc.routing.recording import RecordedMethod
-from hyfunc.routing.store import open_store
+from hyfunc.routing.stores import open_store
 from tests.odia_fixtures import ListSink, tiny_artifact
 from tests.test_serve_sdk import ASK, TOOLS
 

@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from hyfunc.routing.recording import traffic_log
-from hyfunc.routing.store import open_store
+from hyfunc.routing.stores import open_store
 from tests.pg_server import Cluster, wait_until
 from tests.serve_process import running_server
 from tests.test_serve_sdk import ASK, TOOLS

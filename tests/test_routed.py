@@ -14,7 +14,7 @@ import pytest
 
 from hyfunc.formats.schema import parse_tools
 from hyfunc.routing.routed import RoutedMethod
-from hyfunc.routing.store import open_store
+from hyfunc.routing.stores import open_store
 from hyfunc.routing.versions import Metrics, Versions
 from tests.odia_fixtures import LONG, SHORT, save_tiny_model, tiny_version
 from tests.pg_server import Cluster, wait_until

@@ -15,7 +15,8 @@ from hyfunc.routing.mining import mine
 from hyfunc.routing.router import (
     Router, RouterError, RoutingExample, choose_threshold, tradeoff_curve, train_router, train_router_from_store,
 )
-from hyfunc.routing.store import Query, encode, open_store
+from hyfunc.routing.store import Query, encode
+from hyfunc.routing.stores import open_store
 from tests.fc_traffic import ExtractiveSmallPath, load_examples, served_from_example
 
 N, N_TEST, T0 = 400, 100, 1_700_000_000.0

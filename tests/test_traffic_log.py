@@ -12,7 +12,7 @@ from pathlib import Path
 
 
 from hyfunc.routing.record import ServedRequest
-from hyfunc.routing.store import open_store
+from hyfunc.routing.stores import open_store
 from hyfunc.routing.traffic import TrafficLog
 from tests.pg_server import free_port, remove_cluster, start_cluster, wait_until
 from tests.traffic_writer import TOOLS, request

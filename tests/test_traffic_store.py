@@ -7,8 +7,15 @@ import pytest
 
 from hyfunc.routing.record import ServedRequest
 from hyfunc.routing.store import (
-    Label, Query, StoreError, StoreUnavailable, UnknownRequest, encode, library_fingerprint, open_store,
+    Label,
+    Query,
+    StoreError,
+    StoreUnavailable,
+    UnknownRequest,
+    encode,
+    library_fingerprint,
 )
+from hyfunc.routing.stores import open_store
 from tests.pg_server import free_port
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",

@@ -11,7 +11,8 @@ import pytest
 from hyfunc.routing.evaluate import replay
 from hyfunc.routing.mining import mine
 from hyfunc.routing.router import Router, train_router_from_store
-from hyfunc.routing.store import Query, encode, open_store
+from hyfunc.routing.store import Query, encode
+from hyfunc.routing.stores import open_store
 from hyfunc.routing.versions import GateConfig, Metrics, VersionError, Versions, gate
 from tests.fc_traffic import ExtractiveSmallPath, load_examples, served_from_example
 

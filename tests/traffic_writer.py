@@ -10,7 +10,8 @@ import json
 import sys
 
 from hyfunc.routing.record import ServedRequest
-from hyfunc.routing.store import encode, open_store
+from hyfunc.routing.store import encode
+from hyfunc.routing.stores import open_store
 from hyfunc.routing.traffic import TrafficLog
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",

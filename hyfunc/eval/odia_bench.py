@@ -37,7 +37,7 @@ from hyfunc.formats.schema import Tool
 from hyfunc.routing.cycle import CycleConfig, run_cycle
 from hyfunc.routing.recording import RecordedMethod
 from hyfunc.routing.routed import RoutedMethod, SharedEmbedder
-from hyfunc.routing.store import open_store
+from hyfunc.routing.stores import open_store
 from hyfunc.routing.traffic import TrafficLog
 from hyfunc.routing.versions import Versions
 

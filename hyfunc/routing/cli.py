@@ -12,14 +12,8 @@ import sys
 import time
 from dataclasses import asdict
 
-from hyfunc.routing.store import (
-    FEEDBACK,
-    StoreError,
-    StoreUnavailable,
-    TrafficStore,
-    open_store,
-    parse_store_url,
-)
+from hyfunc.routing.store import FEEDBACK, StoreError, StoreUnavailable, TrafficStore
+from hyfunc.routing.stores import open_store, parse_store_url
 
 STORE_HELP = ("traffic store: a SQLite file path or sqlite:///path, or postgresql://user@host/db "
               "(default: traffic.sqlite in $HYFUNC_HOME)")

@@ -32,8 +32,8 @@ from hyfunc.routing.store import (
     UnknownRequest,
     check_feedback,
     encode,
-    open_store,
 )
+from hyfunc.routing.stores import open_store
 
 
 @dataclass(frozen=True)
