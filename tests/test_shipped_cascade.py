@@ -36,3 +36,12 @@ def test_a_real_request_is_answered_by_the_cascade(cascade):
     assert "tokyo" in str(call.arguments.get("city", "")).lower()
     assert {"large_prefill", "retrieve", "small_prefill", "small_decode"} <= set(answer.timings)
     assert answer.injected_tokens > 0 and answer.output_tokens > 0
+
+
+def test_small_talk_is_refused_by_the_off_topic_gate_and_tool_requests_are_not(cascade):
+    manifest = json.loads((DEFAULT_ARTIFACT / "manifest.json").read_text())
+    assert manifest["metrics"]["off_topic_gate"]["validation"]["call_refused_by_gate"] <= 0.02
+    joke = cascade.answer([{"role": "user", "content": "Tell me a joke about cats."}], DEMO_TOOLS)
+    assert joke.calls == [] and joke.details["refused_by"] == "off_topic_gate"
+    money = cascade.answer([{"role": "user", "content": "How much is 250 US dollars in euros?"}], DEMO_TOOLS)
+    assert [c.name for c in money.calls] == ["convert_currency"]
