@@ -22,7 +22,6 @@ A gate directory holds manifest.json (format, thresholds, metrics) and gate.safe
 """
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -36,11 +35,11 @@ from tqdm.auto import tqdm
 
 from hyfunc.cascade.data import Example, off_topic_requests, split_examples
 from hyfunc.cascade.lexical import tool_text
+from hyfunc.cascade.manifest import read_manifest, write_manifest
 from hyfunc.formats.schema import Tool
 from hyfunc.models.minilm import MINILM_NAME, Embedder, MiniLMEmbedder
 
 GATE_DIR = "off_topic"  # inside a cascade artifact
-MANIFEST = "manifest.json"
 WEIGHTS = "gate.safetensors"
 FORMAT = "hyfunc-off-topic-gate"
 FORMAT_VERSION = 1
@@ -99,21 +98,12 @@ class OffTopicGate:
         directory.mkdir(parents=True, exist_ok=True)
         save_file({"weight": self.weight, "bias": self.bias, "mean": self.mean, "std": self.std}, str(directory / WEIGHTS))
         manifest = {"format": FORMAT, "version": FORMAT_VERSION, "weights": WEIGHTS, "config": asdict(self.config)}
-        tmp = directory / (MANIFEST + ".tmp")  # the manifest last: a directory without one is an interrupted save
-        tmp.write_text(json.dumps(manifest, indent=2))
-        tmp.replace(directory / MANIFEST)
-        return directory
+        return write_manifest(directory, manifest)
 
     @classmethod
     def load(cls, directory: str | Path, embedder: Embedder | None = None) -> OffTopicGate:
         directory = Path(directory)
-        path = directory / MANIFEST
-        if not path.is_file():
-            raise FileNotFoundError(f"{directory}: no {MANIFEST}; not a saved off-topic gate")
-        manifest = json.loads(path.read_text())
-        if manifest.get("format") != FORMAT or manifest.get("version") != FORMAT_VERSION:
-            raise ValueError(f"{path}: expected format {FORMAT!r} version {FORMAT_VERSION}, got "
-                             f"{manifest.get('format')!r} version {manifest.get('version')!r}")
+        manifest = read_manifest(directory, FORMAT, FORMAT_VERSION, "off-topic gate")
         config = GateConfig(**manifest["config"])
         if embedder is not None and getattr(embedder, "name", None) != config.embedder:
             raise ValueError(f"gate was trained on {config.embedder} vectors, not {getattr(embedder, 'name', None)}")

@@ -26,7 +26,6 @@ small model is trained, `hyfunc prepare` re-chooses the keep threshold by that m
 """
 from __future__ import annotations
 
-import json
 import math
 import random
 from dataclasses import asdict, dataclass
@@ -39,7 +38,8 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-MANIFEST = "manifest.json"
+from hyfunc.cascade.manifest import read_manifest, write_manifest
+
 WEIGHTS = "retriever.safetensors"
 FORMAT = "hyfunc-retriever"
 FORMAT_VERSION = 1
@@ -197,22 +197,12 @@ class Retriever(nn.Module):
             "format": FORMAT, "version": FORMAT_VERSION, "weights": WEIGHTS,
             "config": asdict(self.config), "meta": meta or {},
         }
-        # The manifest is written last: a directory without one is an interrupted save.
-        tmp = directory / (MANIFEST + ".tmp")
-        tmp.write_text(json.dumps(manifest, indent=2))
-        tmp.replace(directory / MANIFEST)
-        return directory
+        return write_manifest(directory, manifest)
 
     @classmethod
     def load(cls, directory: str | Path) -> Retriever:
         directory = Path(directory)
-        path = directory / MANIFEST
-        if not path.is_file():
-            raise FileNotFoundError(f"{directory}: no {MANIFEST}; not a saved retriever (or an interrupted save)")
-        manifest = json.loads(path.read_text())
-        if manifest.get("format") != FORMAT or manifest.get("version") != FORMAT_VERSION:
-            raise ValueError(f"{path}: expected format {FORMAT!r} version {FORMAT_VERSION}, got "
-                             f"{manifest.get('format')!r} version {manifest.get('version')!r}")
+        manifest = read_manifest(directory, FORMAT, FORMAT_VERSION, "retriever")
         model = cls(RetrieverConfig(**manifest["config"]))
         model.load_state_dict(load_file(str(directory / manifest["weights"])))
         model.meta = manifest.get("meta", {})
