@@ -44,6 +44,7 @@ from hyfunc.cascade.data import (
 )
 from hyfunc.cascade.lexical import fit_lexical_weight, lexical_scores
 from hyfunc.cascade.library import train_library_retriever
+from hyfunc.cascade.manifest import write_manifest
 from hyfunc.cascade.off_topic import GATE_DIR, OffTopicGate, train_gate
 from hyfunc.cascade.retriever import (
     RetrievalData,
@@ -351,9 +352,7 @@ def add_gate(artifact: Path, data: Sequence[str], seed: int = 0, large: Backend 
     manifest["config"]["off_topic_gate"] = True
     manifest["metrics"]["off_topic_gate"] = {**metrics, "data": {"paths": list(data), "sha256": data_hash(list(data))}}
     manifest.setdefault("seconds", {})["off_topic_gate"] = time.perf_counter() - started
-    tmp = artifact / "manifest.json.tmp"
-    tmp.write_text(json.dumps(manifest, indent=2))
-    tmp.replace(manifest_path)
+    write_manifest(artifact, manifest)
     return metrics
 
 
@@ -466,7 +465,5 @@ def prepare(config: PrepareConfig, out: Path, large: Backend | None = None, smal
         # A resumed run skips finished stages, so its own times understate them: keep earlier runs' times.
         "earlier_runs": _earlier_runs(out / "manifest.json"),
     }
-    tmp = out / "manifest.json.tmp"
-    tmp.write_text(json.dumps(manifest, indent=2))
-    tmp.replace(out / "manifest.json")
+    write_manifest(out, manifest)
     return manifest
