@@ -13,7 +13,7 @@ from hyfunc.formats.calls import Call, parse_python_calls
 from hyfunc.formats.tools_file import read_tools_file
 from hyfunc.formats.validate import argument_errors
 from hyfunc.methods.base import Answer
-from hyfunc.methods.cascade import HyFuncMethod
+from hyfunc.methods.cascade import DEFAULT_ARTIFACT, HyFuncMethod
 from hyfunc.models.backend import Backend
 from tests.test_cascade_prepare import FX, TABLE, WEATHER, _examples
 from tests.tiny_models import tiny_backend
@@ -90,7 +90,8 @@ def test_answer_formats_with_calls():
 def test_demo_direct(silent_model, capsys):
     assert main(["demo", "--method", "direct", "--model", silent_model]) == 0
     out = capsys.readouterr().out
-    assert out.count("no tool fits") == 4 and "get_weather" in out
+    demo = json.loads((DEFAULT_ARTIFACT.parent / "demo.json").read_text())
+    assert out.count("no tool fits") == len(demo["requests"]) and "get_weather" in out
 
 
 def test_eval_bfcl_direct_records_provenance(silent_model, tmp_path, capsys):
@@ -133,7 +134,8 @@ def test_eval_bfcl_cascade_records_its_config_and_artifact(cascade_dir, tmp_path
     assert main(argv) == 0
     meta = json.loads((out / "results.json").read_text())["meta"]
     assert meta["method_config"]["artifact"] == str(cascade_dir)
-    assert meta["method_config"]["options"] == {"soft_token": True, "retriever": True, "templating": True}
+    assert meta["method_config"]["options"] == {"soft_token": True, "retriever": True, "templating": True,
+                                                "off_topic_gate": True}
     assert set(meta["provenance"]["models"]) == {meta["method_config"]["large_model"], meta["method_config"]["small_model"]}
     (record,) = meta["provenance"]["artifacts"].values()
     assert len(record["manifest_sha256"]) == 64
