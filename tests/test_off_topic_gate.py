@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hyfunc.cascade.data import load_examples
-from hyfunc.cascade.off_topic import GateConfig, OffTopicGate, gate_rates, train_gate
+from hyfunc.cascade.off_topic import OffTopicConfig, OffTopicGate, gate_rates, train_gate
 from hyfunc.cascade.soft_token import SoftTokenEncoder
 from hyfunc.formats.schema import parse_tools
 from hyfunc.methods.cascade import CascadeOptions
@@ -33,7 +33,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory, embedder: MiniLMEmbedder) 
     examples = load_examples([fc_subset(root / "data", 300)])
     encoder = SoftTokenEncoder(tiny_backend(LARGE_HIDDEN, seed=1))
     gate = train_gate(examples, lambda query, tools: encoder.encode(query, tools).soft_token, "tiny",
-                      GateConfig(max_false_refusals=0.05), embedder=embedder, max_per_class=40, max_val_calls=40)
+                      OffTopicConfig(max_false_refusals=0.05), embedder=embedder, max_per_class=40, max_val_calls=40)
     return gate, gate.save(root / "off_topic")
 
 
@@ -69,7 +69,7 @@ def _gate(cosine: float, head: float, embedder: MiniLMEmbedder) -> OffTopicGate:
     """A gate whose head reads every soft token as 0 (zero weights): the thresholds decide."""
     zeros = torch.zeros(LARGE_HIDDEN)
     return OffTopicGate(zeros, torch.zeros(()), zeros, torch.ones(LARGE_HIDDEN),
-                        GateConfig(cosine_threshold=cosine, head_threshold=head), embedder)
+                        OffTopicConfig(cosine_threshold=cosine, head_threshold=head), embedder)
 
 
 @pytest.mark.parametrize("cosine, head, refused", [(2.0, 1.0, True), (2.0, -1.0, False), (-2.0, 1.0, False)])

@@ -34,8 +34,8 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from hyfunc.cascade.data import Example, off_topic_requests, split_examples
-from hyfunc.cascade.lexical import tool_text
 from hyfunc.cascade.manifest import read_manifest, write_manifest
+from hyfunc.cascade.selector import ToolVectors
 from hyfunc.formats.schema import Tool
 from hyfunc.models.minilm import MINILM_NAME, Embedder, MiniLMEmbedder
 
@@ -46,7 +46,7 @@ FORMAT_VERSION = 1
 
 
 @dataclass
-class GateConfig:
+class OffTopicConfig:
     cosine_threshold: float = -1.0  # best request-tool MiniLM cosine below this: suspected off-topic
     head_threshold: float = float("-inf")  # soft-token head's logit of "a tool request" below this: off-topic
     max_false_refusals: float = 0.02  # each detector's share of validation call requests below its threshold
@@ -57,22 +57,18 @@ class GateConfig:
 
 
 class OffTopicGate:
-    """`suspects(request, tools)`: MiniLM alone; `refuses(...)`: MiniLM and the soft-token head agree."""
+    """`suspects(request, tools)`: MiniLM alone; `confirms(soft_token)`: the soft-token head agrees."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor, mean: torch.Tensor, std: torch.Tensor,
-                 config: GateConfig, embedder: Embedder | None = None):
+                 config: OffTopicConfig, embedder: Embedder | None = None):
         self.weight, self.bias, self.mean, self.std = weight.float(), bias.float(), mean.float(), std.float()
         self.config = config
-        self.embedder: Embedder = embedder or MiniLMEmbedder()
-        self._tool_vectors: dict[str, torch.Tensor] = {}  # by tool text: a server sees the same tools again
+        self.share_embedder(embedder or MiniLMEmbedder())
 
-    def tool_vectors(self, tools: Sequence[Tool]) -> torch.Tensor:
-        texts = [tool_text(t) for t in tools]
-        missing = list(dict.fromkeys(t for t in texts if t not in self._tool_vectors))
-        if missing:
-            for text, vector in zip(missing, torch.from_numpy(self.embedder.embed(missing)).float()):
-                self._tool_vectors[text] = vector
-        return torch.stack([self._tool_vectors[t] for t in texts])
+    def share_embedder(self, embedder: Embedder) -> None:
+        """Embed with `embedder` (e.g. the router's SharedEmbedder, so a routed request is embedded once)."""
+        self.embedder: Embedder = embedder
+        self.tool_vectors = ToolVectors(embedder)  # cached by schema: a server sees the same tools again
 
     @torch.no_grad()
     def best_cosine(self, request: str, tools: Sequence[Tool]) -> float:
@@ -104,7 +100,7 @@ class OffTopicGate:
     def load(cls, directory: str | Path, embedder: Embedder | None = None) -> OffTopicGate:
         directory = Path(directory)
         manifest = read_manifest(directory, FORMAT, FORMAT_VERSION, "off-topic gate")
-        config = GateConfig(**manifest["config"])
+        config = OffTopicConfig(**manifest["config"])
         if embedder is not None and getattr(embedder, "name", None) != config.embedder:
             raise ValueError(f"gate was trained on {config.embedder} vectors, not {getattr(embedder, 'name', None)}")
         state = load_file(str(directory / manifest["weights"]))
@@ -184,14 +180,14 @@ def gate_rates(gate: OffTopicGate, data: GateData) -> dict[str, float]:
 
 
 def train_gate(examples: Sequence[Example], soft_token: Callable[[str, list[Tool]], torch.Tensor], large_model: str,
-               config: GateConfig | None = None, seed: int = 0, embedder: Embedder | None = None,
+               config: OffTopicConfig | None = None, seed: int = 0, embedder: Embedder | None = None,
                max_per_class: int = 150, max_val_calls: int = 100, val_fraction: float = 0.1) -> OffTopicGate:
     """A gate for the large model whose soft tokens `soft_token(request, tools)` returns, trained
     on fc-train `examples` against the ChatterBot corpus on the split `hyfunc prepare` uses (at most
     `max_per_class` training requests of each class and `max_val_calls` validation call requests:
     every one costs a large-model pass); its
     train / validation rates are in `config.metrics`."""
-    config = config or GateConfig()
+    config = config or OffTopicConfig()
     config.large_model = large_model
     rng = random.Random(seed)
     train, val = split_examples(examples, val_fraction)

@@ -74,9 +74,11 @@ def run_refusal_benchmark(methods: dict[str, Any], sets: dict[str, Any]) -> dict
     """`methods`: label -> cascade (the gated one first). Each request is answered by every method in turn."""
     results: dict[str, dict] = {}
     for name, items in sets["sets"].items():
-        if name == "fixed library":
-            for method in methods.values():
-                method.use_library(sets["library"])
+        if name == "fixed library":  # read once; the other methods share the first one's large model
+            first, *others = methods.values()
+            first.use_library(sets["library"])
+            for method in others:
+                method.set_library_state(first.library_state())
         records = _answer_all(methods, items, name)
         if name == "fixed library":
             for method in methods.values():

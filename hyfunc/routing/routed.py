@@ -110,6 +110,9 @@ class RoutedMethod:
                  explore: float = 0.0, seed: int = 0):
         self.cascade, self.routing = cascade, routing
         self.embedder = embedder
+        gate = getattr(cascade, "gate", None)
+        if gate is not None and embedder is not None:
+            gate.share_embedder(embedder)  # one MiniLM: the request is embedded once for gate, router and selector
         # Exploration: a share of the requests the router sends to the small path goes to the
         # cascade anyway, so the log keeps teacher answers where the small path serves (without
         # them, later cycles would learn from the hard requests only).
