@@ -32,8 +32,6 @@ from hyfunc.progress import steps
 #: Errors that are the user's to fix: printed as one line, exit status 2. Anything else is a bug
 #: and keeps its traceback. A missing file named on the command line is the user's too.
 USER_ERRORS = (UserError, FileNotFoundError)
-#: The cascade's switchable parts (the fields of `methods.cascade.CascadeOptions`, which imports torch).
-CASCADE_STAGES = ["soft_token", "retriever", "templating", "off_topic_gate", "verify"]
 
 
 def _add_method_args(parser: argparse.ArgumentParser, prefix_caching: bool) -> None:
@@ -42,7 +40,7 @@ def _add_method_args(parser: argparse.ArgumentParser, prefix_caching: bool) -> N
         "--artifact", help="cascade directory made by `hyfunc prepare` (method hyfunc; default: the shipped one)"
     )
     parser.add_argument(
-        "--ablate", nargs="+", default=[], choices=CASCADE_STAGES,
+        "--ablate", nargs="+", default=[], choices=["soft_token", "retriever", "templating", "off_topic_gate"],
         help="switch cascade stages off (method hyfunc)",
     )
     # No defaults here: an option given with a method it does not apply to is refused (cli_checks).
@@ -385,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
         "ARTIFACT@LARGE_ENGINE,SMALL_ENGINE ('shipped' = the shipped one)",
     )
     bfcl.add_argument(
-        "--ablations", nargs="+", default=[], choices=CASCADE_STAGES,
+        "--ablations", nargs="+", default=[], choices=["soft_token", "retriever", "templating", "off_topic_gate"],
         help="also run the cascade with each of these stages switched off (one variant per stage)",
     )
     bfcl.set_defaults(func=cmd_eval_bfcl)

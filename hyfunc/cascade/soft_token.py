@@ -36,7 +36,7 @@ import jinja2
 import torch
 
 from hyfunc.formats.schema import Tool, parse_tools
-from hyfunc.models.backend import Backend, StepOutput
+from hyfunc.models.backend import Backend
 
 INSTRUCTION = (
     "You are an expert in composing function calls. You are given a request and a set of possible "
@@ -75,9 +75,6 @@ class Encoding:
     input_tokens: int  # tokens run through the model by this call (the suffix only when cached)
     seconds: float
     cached_tokens: int = 0  # prompt tokens taken from a LibraryCache instead of being run
-    # The pass's last step (next-token logits, KV cache): the large model can go on to write the
-    # answer from it (the cascade's verification). Fork the cache before extending it.
-    state: StepOutput | None = None
 
 
 @dataclass
@@ -177,7 +174,6 @@ class SoftTokenEncoder:
             function_embeddings=self._pool(step.hidden, layout.spans),
             input_tokens=len(layout.ids),
             seconds=time.perf_counter() - start,
-            state=StepOutput(step.logits, None, step.cache),
         )
 
     def build_library(self, tools: ToolsLike) -> LibraryCache:
@@ -208,7 +204,6 @@ class SoftTokenEncoder:
             input_tokens=len(suffix),
             seconds=time.perf_counter() - start,
             cached_tokens=len(library.prefix_ids),
-            state=StepOutput(step.logits, None, step.cache),
         )
 
     # -- per-function mode: libraries too large for one prompt ------------------------------

@@ -6,12 +6,7 @@ Per request:
   2. the retriever keeps the relevant tools, or none ("no tool fits" -> no call), by the soft
      token's cosine with each tool plus a weighted lexical score of the request (lexical.py);
   3. the small model reads [instruction + retrieved tools + request + projected soft token] and
-     the templating decoder writes the call list, generating only what the schemas leave open;
-  4. verification: the large model, from its KV state of step 1, runs the small model's call list
-     as a draft through the same templating decoder (restricted to the retrieved tools). Where it
-     agrees, one pass checks the whole draft; from its first disagreement on, it writes itself.
-     The answer is the large model's own constrained greedy answer (exactly, up to float rounding
-     of batched passes) at about one large pass over the draft when the small model was right.
+     the templating decoder writes the call list, generating only what the schemas leave open.
 
 An artifact directory (written by `hyfunc prepare`) holds what was trained::
 
@@ -47,7 +42,7 @@ from hyfunc.cascade.small_model import (
     prompt_embeds,
 )
 from hyfunc.cascade.soft_token import Encoding, LibraryCache, SoftTokenEncoder
-from hyfunc.cascade.templating import TemplateDecoder, TemplatedOutput
+from hyfunc.cascade.templating import TemplateDecoder
 from hyfunc.errors import InputError
 from hyfunc.formats.calls import CallParseError, parse_calls
 from hyfunc.formats.messages import request_text
@@ -57,9 +52,7 @@ from hyfunc.models.base import BackendBase, PrefixCache, StepOutput
 from hyfunc.models.engines import load_backend, resolve_engine
 
 MANIFEST = "manifest.json"
-RANKING_SHOWN = 32
-import os
-LARGE_ANSWER_OPENING = os.environ.get("HF_OPEN", "```json\n").replace("\\n", "\n")
+RANKING_SHOWN = 32  # tools listed, best first, in an answer's details
 #: The trained default cascade shipped inside the package (made by `hyfunc prepare`, see its manifest).
 DEFAULT_ARTIFACT = Path(__file__).resolve().parents[1] / "data" / "cascade"
 
@@ -72,9 +65,6 @@ class CascadeOptions:
     retriever: bool = True  # False: the small model sees every offered tool
     templating: bool = True  # False: free greedy decoding of the call text, then parsed
     off_topic_gate: bool = True  # refuse small talk with the artifact's off-topic gate, if it has one
-    # The large model checks the small model's call list in one pass from its cached state and
-    # writes what it disagrees with (`HyFuncMethod._verify`); needs templating.
-    verify: bool = True
 
 
 @dataclass
@@ -138,9 +128,6 @@ class HyFuncMethod:
         if self.options.soft_token and self.projector is None:
             raise ValueError("the soft-token prefix needs a trained projector")
         self.decoder = TemplateDecoder(small)
-        self.large_decoder = TemplateDecoder(large, loose_string_ends=True)
-        # The small model's token ids are a draft for the large one only under the same tokenizer.
-        self._same_tokenizer = large.tokenizer.get_vocab() == small.tokenizer.get_vocab()
         self._small_prefix = PrefixCache(small)
         self.name = name
         self.shared_pass = shared_pass
@@ -194,8 +181,6 @@ class HyFuncMethod:
         method.artifact = directory
         # The decoder's vocabulary tables take about a second to build: at load, not in the first request.
         method.decoder.vocab(int(small.forward(ids=small.encode("[")).logits.shape[-1]))
-        if method.options.verify:
-            method.large_decoder.vocab(int(large.forward(ids=large.encode("[")).logits.shape[-1]))
         return method
 
     @property
@@ -284,28 +269,6 @@ class HyFuncMethod:
         rest = embeds[len(prompt.before_ids):]
         return (self.small.forward(embeds=rest, cache=step.cache) if len(rest) else step), reused
 
-    def _verify(
-        self, encoding: Encoding, selected: list[Tool], request: str, draft: TemplatedOutput, answer: Answer,
-        on_text: Callable[[str], None] | None,
-    ) -> TemplatedOutput:
-        """The large model's answer, written from its state after the prompt (a fork: a shared
-        pass stays reusable) with the small model's output `draft` as a draft. The large model sees
-        every offered tool in its prompt (joint mode) and may call only the retrieved ones."""
-        start = time.perf_counter()
-        # The large model opens its answer the way it does unprompted (a fenced JSON block).
-        step = self.large.forward(ids=self.large.encode(LARGE_ANSWER_OPENING), cache=self.large.fork(encoding.state.cache))
-        out = self.large_decoder.decode(
-            step, selected, require_call=self.options.retriever, draft_source=request, on_text=on_text,
-            reference=draft.token_ids if self._same_tokenizer else (),
-        )
-        answer.timings["verify"] = time.perf_counter() - start
-        answer.details["verify"] = {
-            "changed": out.text != draft.text,
-            "large_forward_passes": out.forward_calls,
-            "accepted_draft_tokens": out.accepted_draft_tokens,
-        }
-        return out
-
     def answer(
         self, messages: Sequence[dict], tools: Sequence[Tool], on_text: Callable[[str], None] | None = None
     ) -> Answer:
@@ -369,20 +332,16 @@ class HyFuncMethod:
             answer.cached_tokens += reused
             timings["small_prefill"] = time.perf_counter() - start
             start = time.perf_counter()
-            verify = self.options.verify and per_function is None and encoding.state is not None
             # "No tool fits" is the retriever's decision: once it has selected tools, the small
             # model writes at least one call (left to choose, it refused far too often).
             out = self.decoder.decode(
-                step, selected, require_call=self.options.retriever, draft_source=request,
-                on_text=None if verify else on_text,
+                step, selected, require_call=self.options.retriever, draft_source=request, on_text=on_text
             )
             timings["small_decode"] = time.perf_counter() - start
-            answer.details["small_forward_passes"] = out.forward_calls
-            answer.details["accepted_draft_tokens"] = out.accepted_draft_tokens
-            if verify:
-                out = self._verify(encoding, selected, request, out, answer, on_text)
             answer.calls, answer.raw_text = out.calls, out.text
             answer.output_tokens, answer.injected_tokens = out.generated_tokens, out.injected_tokens
+            answer.details["small_forward_passes"] = out.forward_calls
+            answer.details["accepted_draft_tokens"] = out.accepted_draft_tokens
             return answer
         # Ablation: the small model writes the whole call text itself.
         gen = self.small.generate(embeds=embeds, max_new_tokens=256)

@@ -49,8 +49,6 @@ class TemplateDecoder:
         max_any_depth: int = 2,
         max_draft_tokens: int = 24,
         stop_on_repeat: bool = True,
-        max_reference_tokens: int = 96,
-        loose_string_ends: bool = False,
     ):
         if max_calls < 1:
             raise ValueError("max_calls must be >= 1")
@@ -61,8 +59,6 @@ class TemplateDecoder:
         self.max_number_chars = max_number_chars
         self.max_any_depth = max_any_depth
         self.max_draft_tokens = max_draft_tokens
-        self.max_reference_tokens = max_reference_tokens
-        self.loose_string_ends = loose_string_ends  # for a model not trained on the decoder's output (see Walker.string)
         self.stop_on_repeat = stop_on_repeat
         self._vocab: Vocab | None = None
 
@@ -75,7 +71,7 @@ class TemplateDecoder:
 
     def decode(
         self, step: StepOutput, tools: Sequence[Tool], require_call: bool = False, draft_source: str = "",
-        on_text: Callable[[str], None] | None = None, reference: Sequence[int] = (),
+        on_text: Callable[[str], None] | None = None,
     ) -> TemplatedOutput:
         """`require_call`: at least one call when `tools` is not empty (the caller has already
         decided that a tool fits, e.g. the retriever); otherwise ``[]`` is the model's choice.
@@ -83,14 +79,10 @@ class TemplateDecoder:
         from it are verified by the model, so they change the speed, not the output.
         `on_text`: called with each piece of the output text (injected or generated) in order, as
         soon as it is final (see `Session`: text the repeat guard may still take back waits);
-        the pieces concatenate to `TemplatedOutput.text`. Engine-independent: it sees text only.
-        `reference`: token ids of another model's output for the same tools (its `token_ids`, same
-        tokenizer), checked as a draft: the output is this model's own, whatever the reference."""
+        the pieces concatenate to `TemplatedOutput.text`. Engine-independent: it sees text only."""
         start = time.perf_counter()
         vocab = self.vocab(int(step.logits.shape[-1]))
-        session = Session(
-            self, vocab, step, teacher=False, draft_source=draft_source, on_text=on_text, reference=reference
-        )
+        session = Session(self, vocab, step, teacher=False, draft_source=draft_source, on_text=on_text)
         Walker(self, session, require_call).calls(list(tools), None)
         session.finish()
         text = session.text

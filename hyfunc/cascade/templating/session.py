@@ -51,7 +51,7 @@ class Hold:
 class Session:
     def __init__(
         self, dec: TemplateDecoder, vocab: Vocab, step: StepOutput | None, teacher: bool, draft_source: str = "",
-        on_text: Callable[[str], None] | None = None, reference: Sequence[int] = (),
+        on_text: Callable[[str], None] | None = None,
     ):
         self.dec = dec
         self.vocab = vocab
@@ -72,9 +72,6 @@ class Session:
         # "number"; None elsewhere), its text so far, and the drafted tokens already in the
         # cache, each with the logits after it.
         self.draft_source = draft_source
-        # A whole output written by another model (verification, see `_draft`): drafted while the
-        # output so far is a prefix of it.
-        self.reference = list(reference)
         self.draft_kind: str | None = None
         self.value_so_far = ""
         self.draft_follow = DECISION
@@ -183,12 +180,7 @@ class Session:
         through the model with the pending tokens in one pass; each is kept only while it is the
         model's own constrained greedy choice (injected tokens: while they are what the template
         injects), so the output is the same as without drafting (up to float rounding of the
-        batched pass). While the output so far is a prefix of a `reference` output (another model's
-        draft of the whole call list), its next tokens are the draft: where the two models agree,
-        one pass checks many tokens."""
-        n = len(self.ids)
-        if n < len(self.reference) and self.ids == self.reference[:n] and self.dec.max_reference_tokens > 0:
-            return self.reference[n : n + self.dec.max_reference_tokens]
+        batched pass)."""
         if self.choice_draft:
             return self.choice_draft[: self.dec.max_draft_tokens]
         if self.draft_kind is None or self.dec.max_draft_tokens < 1:

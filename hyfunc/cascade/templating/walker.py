@@ -286,14 +286,6 @@ class Walker:
             while True:
                 if self.teacher or n < self.dec.max_string_tokens:
                     allowed = v.str_any[state]
-                    # A model never trained on this segmentation closes a value with a token that
-                    # merges the quote with what follows ('"}}]', '",'): read any token starting
-                    # with the quote as "close here", and close with the plain quote.
-                    if self.dec.loose_string_ends and state == 0 and v.quote_id is not None:
-                        if s.peek([allowed, v.starts['"']]) == 1:
-                            allowed = [v.quote_id]
-                        else:
-                            s.decision_pending = False  # the next token is generated anyway
                 else:  # over the cap: close now (after finishing an open escape)
                     allowed = v.str_closing[0] if state == 0 else v.str_safe[1]
                 piece = s.step(allowed, target)
