@@ -77,14 +77,12 @@ def _auc(scores: np.ndarray, y: np.ndarray) -> float:
     return float((pos[:, None] > neg[None, :]).mean() + 0.5 * (pos[:, None] == neg[None, :]).mean())
 
 
-@pytest.mark.parametrize("use_embedding", [False, True])
 @pytest.mark.parametrize("use_small_answer", [False, True])
-def test_router_generalises_to_later_traffic(mined, tmp_path: Path, use_small_answer: bool, use_embedding: bool) -> None:
+def test_router_generalises_to_later_traffic(mined, tmp_path: Path, use_small_answer: bool) -> None:
     store, _, _, embedder, _ = mined
     split = T0 + (N - N_TEST)
     router = train_router_from_store(store, Query(until=split), target=0.95, use_small_answer=use_small_answer,
-                                     use_embedding=use_embedding, embedder=embedder)
-    assert router.manifest["embedder"] == ("all-MiniLM-L6-v2" if use_embedding else "")
+                                     embedder=embedder)
     cal = router.manifest["calibration"]
     assert cal["agreement"] >= 0.95 and cal["n"] == 90 and router.manifest["trained"]["n"] == 210
     assert len(router.manifest["curve"]) >= 10 and router.manifest["curve"][0]["share"] == 0.0
@@ -126,7 +124,5 @@ def test_cli_trains_a_router(mined, tmp_path: Path, capsys: pytest.CaptureFixtur
     assert main(["odia", "train-router", "--store", store.url, "--out", str(out), "--target", "0.97"]) == 0
     assert "to the small path at" in capsys.readouterr().out
     router = Router.load(out)
-    assert router.manifest["target"] == 0.97 and router.embedder_name == ""
-    assert main(["odia", "train-router", "--store", store.url, "--out", str(out), "--with-embedding"]) == 0
-    assert Router.load(out).embedder_name == "all-MiniLM-L6-v2"
+    assert router.manifest["target"] == 0.97 and router.embedder_name == "all-MiniLM-L6-v2"
     assert main(["odia", "train-router", "--store", str(tmp_path / "none.sqlite"), "--out", str(out)]) == 2

@@ -43,8 +43,6 @@ def add_odia_parser(subparsers: argparse._SubParsersAction) -> None:
                        help="the newest share of labelled traffic, held out to choose the threshold")
     train.add_argument("--with-small-answer", action="store_true",
                        help="also read the small path's answer (calls, confidence): route after it has run")
-    train.add_argument("--with-embedding", action="store_true",
-                       help="also read the request's MiniLM embedding (needs thousands of labels to pay off)")
     train.set_defaults(func=cmd_train_router)
 
     selector = sub.add_parser("selector", help="train and calibrate the small path's tool selector (MiniLM + BM25) on fc-train")
@@ -62,8 +60,6 @@ def add_odia_parser(subparsers: argparse._SubParsersAction) -> None:
     cycle.add_argument("--every", default=None, metavar="PERIOD", help="run again every PERIOD (seconds, or 30m, 1h, 1d)")
     cycle.add_argument("--window", default=None, metavar="PERIOD", help="only the traffic of the last PERIOD (default: all)")
     cycle.add_argument("--target", type=float, default=0.99, help="agreement with the large path to keep (default 0.99)")
-    cycle.add_argument("--router-embedding", action="store_true",
-                       help="the router also reads the request's MiniLM embedding (needs thousands of labels to pay off)")
     cycle.add_argument("--holdout", type=float, default=0.2, help="newest share of the window held out for the gate")
     cycle.add_argument("--min-requests", type=int, default=100, help="fewer large-path requests: skip the cycle")
     cycle.add_argument("--replay-data", nargs="*", default=[], help="fc-train files: a replay sample mixed into distillation")
@@ -153,8 +149,7 @@ def cmd_train_router(args: argparse.Namespace) -> int:
         with _open_existing(args.store) as store:
             try:
                 router = train_router_from_store(store, target=args.target, holdout=args.holdout,
-                                                 use_small_answer=args.with_small_answer,
-                                                 use_embedding=args.with_embedding)
+                                                 use_small_answer=args.with_small_answer)
             except RouterError as e:
                 raise StoreError(str(e)) from None
         router.save(args.out)
@@ -212,8 +207,7 @@ def cmd_cycle(args: argparse.Namespace) -> int:
         with _open_existing(args.store) as store:
             while True:
                 started = time.time()
-                config = CycleConfig(target=args.target, router_embedding=args.router_embedding, holdout=args.holdout,
-                                     min_requests=args.min_requests,
+                config = CycleConfig(target=args.target, holdout=args.holdout, min_requests=args.min_requests,
                                      since=None if window is None else started - window, replay_data=args.replay_data,
                                      selector=args.selector, engine=args.engine, gate=gate, distil=distil)
                 try:

@@ -54,7 +54,6 @@ from hyfunc.routing.versions import GateConfig, Metrics, Verdict, Versions, gate
 @dataclass
 class CycleConfig:
     target: float = 0.99  # the router's agreement with the large path on held-out traffic
-    router_embedding: bool = False  # the request's MiniLM embedding among the router's features (train_router)
     holdout: float = 0.2  # newest share of the window held out for the gate's replay
     min_requests: int = 100  # fewer large-path requests in the window: no cycle
     since: float | None = None  # the window's start (Unix s); None: all logged traffic
@@ -165,8 +164,7 @@ def run_cycle(store: TrafficStore, versions: Versions, artifact: str | Path, con
         created = {s.request.request_id: s.request.created for s in store.iter_requests(train_query)}
         examples = [RoutingExample(l.features, l.embedding, l.simple, created[l.request_id]) for l in labels]
         try:
-            router = train_router(examples, target=config.target, use_embedding=config.router_embedding,
-                                  embedder=embedder, embedder_name=MINILM_NAME,
+            router = train_router(examples, target=config.target, embedder=embedder, embedder_name=MINILM_NAME,
                                   window={"since": config.since, "until": held_since})
         except RouterError as err:
             report.status, report.reasons = "refused", [f"no router: {err}"]

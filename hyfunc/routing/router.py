@@ -180,21 +180,14 @@ class Router:
 
 
 def train_router(examples: Sequence[RoutingExample], *, target: float = 0.99, metric: str = "agreement",
-                 holdout: float = 0.3, l2: float = 10.0, use_small_answer: bool = False, use_embedding: bool = False,
+                 holdout: float = 0.3, l2: float = 10.0, use_small_answer: bool = False,
                  embedder: Any = None, embedder_name: str | None = None, window: dict | None = None) -> Router:
-    """Fit on the oldest (1 - holdout) of `examples` by time, calibrate on the newest `holdout`.
-
-    `use_embedding`: the request's sentence embedding joins the scalar features. Off by default:
-    with the few hundred labels of a cycle, its 384 dimensions drown the scalars (reports/odia: on
-    the same 54 held-out requests, 3.7 % of traffic on the small path at 99 % agreement with it,
-    18.5 % without it); worth trying once the log holds thousands of labels."""
+    """Fit on the oldest (1 - holdout) of `examples` by time, calibrate on the newest `holdout`."""
     if not 0.0 < target <= 1.0:
         raise RouterError(f"target must be in (0, 1], got {target}")
     if len(examples) < MIN_EXAMPLES:
         raise RouterError(f"only {len(examples)} labelled requests; mine at least {MIN_EXAMPLES} first")
-    with_embedding = [use_embedding and e.embedding is not None for e in examples]
-    if use_embedding and not all(with_embedding):
-        raise RouterError("use_embedding: every labelled request needs an embedding; relabel with an embedder")
+    with_embedding = [e.embedding is not None for e in examples]
     if any(with_embedding) and not all(with_embedding):
         raise RouterError("some labelled requests have embeddings and some not; relabel with one embedder")
     ordered = sorted(examples, key=lambda e: e.created)
@@ -246,11 +239,9 @@ def train_router_from_store(store: TrafficStore, query: Query = Query(), **optio
     """Train on every label in the store matching `query` (see train_router for options)."""
     examples: list[RoutingExample] = []
     embedders: set[str] = set()
-    use_embedding = options.get("use_embedding", False)
     for stored, label in store.iter_labels(query):
-        embedding = label.embedding if use_embedding else None
-        examples.append(RoutingExample(label.features, embedding, label.simple, stored.request.created))
-        if embedding is not None:
+        examples.append(RoutingExample(label.features, label.embedding, label.simple, stored.request.created))
+        if label.embedding is not None:
             embedders.add(label.embedder)
     if len(embedders) > 1:
         raise RouterError(f"labels come from several embedders ({', '.join(sorted(embedders))}); relabel")
