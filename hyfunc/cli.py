@@ -8,6 +8,7 @@ import time
 from importlib import resources
 from pathlib import Path
 
+from hyfunc.cascade.manifest import MANIFEST
 from hyfunc.cli_checks import (
     CALL_FORMATS,
     check_bfcl_inputs,
@@ -292,7 +293,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     from hyfunc.cascade.prepare import PrepareConfig, add_gate, prepare
 
     if args.gate_only:
-        if not (Path(args.out) / "manifest.json").is_file():
+        if not (Path(args.out) / MANIFEST).is_file():
             raise InputError(f"--gate-only: {args.out} is not a prepared cascade (no manifest.json)")
         metrics = add_gate(Path(args.out), args.data, args.seed)
         print(json.dumps({"artifact": args.out, "off_topic_gate": metrics}, indent=2))

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Sequence
 
+from hyfunc.cascade.manifest import MANIFEST
 from hyfunc.errors import InputError
 from hyfunc.formats.bfcl import canonical_category
 from hyfunc.formats.calls import (
@@ -22,10 +23,6 @@ from hyfunc.formats.calls import (
 from hyfunc.methods.base import Answer
 from hyfunc.models.engines import check_engine
 from hyfunc.models.registry import DEFAULT_LARGE, check_model_name
-
-#: The file that makes a directory a prepared cascade (hyfunc.methods.cascade.MANIFEST; not imported
-#: from there, which would load the cascade's stack to check a path).
-MANIFEST = "manifest.json"
 
 CALL_FORMATS = ("json", "openai", "python")
 

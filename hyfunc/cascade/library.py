@@ -40,6 +40,7 @@ from hyfunc.cascade.lexical import (
     fusion_split,
     sentences,
 )
+from hyfunc.cascade.manifest import MANIFEST
 from hyfunc.cascade.retriever import (
     RetrievalData,
     Retriever,
@@ -154,7 +155,7 @@ def train_library_retriever(
     """Retriever for a library in per-function mode, saved under `directory` (skipped if there):
     projections trained on most of `train`, the lexical weight fitted on the rest (lexical.FUSION_HOLDOUT),
     thresholds calibrated on `val`."""
-    if (directory / "manifest.json").is_file():
+    if (directory / MANIFEST).is_file():
         retriever = Retriever.load(directory)
         return retriever, retriever.meta.get("metrics", {})
     library = load_library(library_path)

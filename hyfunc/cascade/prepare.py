@@ -44,7 +44,7 @@ from hyfunc.cascade.data import (
 )
 from hyfunc.cascade.lexical import fit_lexical_weight, lexical_scores
 from hyfunc.cascade.library import train_library_retriever
-from hyfunc.cascade.manifest import write_manifest
+from hyfunc.cascade.manifest import MANIFEST, write_manifest
 from hyfunc.cascade.off_topic import GATE_DIR, OffTopicGate, train_gate
 from hyfunc.cascade.retriever import (
     RetrievalData,
@@ -160,7 +160,7 @@ def retrieval_data(
 def prepare_retriever(
     directory: Path, train: RetrievalData, val: RetrievalData, hidden: int, options: dict, seed: int
 ) -> tuple[Retriever, dict]:
-    if (directory / "manifest.json").is_file():
+    if (directory / MANIFEST).is_file():
         retriever = Retriever.load(directory)
         return retriever, retriever.meta.get("metrics", {})
     retriever, training = new_retriever(hidden, options, seed)
@@ -332,7 +332,7 @@ def calibrate_keep_threshold(
 def prepare_gate(out: Path, encoder: SoftTokenEncoder, examples: Sequence[Example], large_model: str, seed: int) -> dict:
     """Train the off-topic gate on the whole data's split and save it in `out` (kept if already
     there: a resumed run does not pay its large-model passes again); returns its metrics."""
-    if (out / "manifest.json").is_file():
+    if (out / MANIFEST).is_file():
         return OffTopicGate.load(out).config.metrics
     gate = train_gate(examples, lambda query, tools: encoder.encode(query, tools).soft_token, large_model, seed=seed)
     gate.save(out)
@@ -342,7 +342,7 @@ def prepare_gate(out: Path, encoder: SoftTokenEncoder, examples: Sequence[Exampl
 def add_gate(artifact: Path, data: Sequence[str], seed: int = 0, large: Backend | None = None) -> dict:
     """Train (again) the off-topic gate of an existing cascade artifact on `data`, leaving its
     other parts as they are; the manifest records the gate's data and metrics. Returns them."""
-    manifest_path = artifact / "manifest.json"
+    manifest_path = artifact / MANIFEST
     manifest = json.loads(manifest_path.read_text())
     large = large or Backend(manifest["large_model"])
     shutil.rmtree(artifact / GATE_DIR, ignore_errors=True)
@@ -463,7 +463,7 @@ def prepare(config: PrepareConfig, out: Path, large: Backend | None = None, smal
                     **({"off_topic_gate": gate_metrics} if gate_metrics else {})},
         "seconds": timings,
         # A resumed run skips finished stages, so its own times understate them: keep earlier runs' times.
-        "earlier_runs": _earlier_runs(out / "manifest.json"),
+        "earlier_runs": _earlier_runs(out / MANIFEST),
     }
     write_manifest(out, manifest)
     return manifest

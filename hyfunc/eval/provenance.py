@@ -14,6 +14,7 @@ from typing import Any, Iterable
 
 import torch
 
+from hyfunc.cascade.manifest import MANIFEST
 from hyfunc.config import cpu_flags
 from hyfunc.models.registry import DEFAULT_MODELS
 
@@ -107,8 +108,8 @@ def provenance(methods: Iterable[Any] = ()) -> dict[str, Any]:
     }
     for method in methods:
         artifact = getattr(method, "artifact", None)
-        if artifact is not None and (Path(artifact) / "manifest.json").is_file():
-            record["artifacts"][str(artifact)] = {"manifest_sha256": file_sha256(Path(artifact) / "manifest.json")}
+        if artifact is not None and (Path(artifact) / MANIFEST).is_file():
+            record["artifacts"][str(artifact)] = {"manifest_sha256": file_sha256(Path(artifact) / MANIFEST)}
         for role, backend in _backends(method).items():
             record["models"].setdefault(backend.name, {**model_record(backend), "roles": []})["roles"].append(
                 f"{getattr(method, 'name', type(method).__name__)}:{role}"

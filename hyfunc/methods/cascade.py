@@ -32,6 +32,7 @@ import torch
 
 from hyfunc.cascade.lexical import lexical_scores
 from hyfunc.cascade.library import PerFunctionLibrary
+from hyfunc.cascade.manifest import MANIFEST
 from hyfunc.cascade.off_topic import GATE_DIR, OffTopicGate
 from hyfunc.cascade.retriever import Retriever
 from hyfunc.cascade.small_model import (
@@ -51,7 +52,6 @@ from hyfunc.methods.base import Answer, calls_text
 from hyfunc.models.base import BackendBase, PrefixCache, StepOutput
 from hyfunc.models.engines import load_backend, resolve_engine
 
-MANIFEST = "manifest.json"
 RANKING_SHOWN = 32  # tools listed, best first, in an answer's details
 #: The trained default cascade shipped inside the package (made by `hyfunc prepare`, see its manifest).
 DEFAULT_ARTIFACT = Path(__file__).resolve().parents[1] / "data" / "cascade"

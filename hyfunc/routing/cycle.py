@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from hyfunc.cascade.manifest import MANIFEST
 from hyfunc.cascade.selector import default_selector_dir
 from hyfunc.models.minilm import MINILM_NAME, Embedder
 from hyfunc.routing.distil import (
@@ -81,7 +82,7 @@ class CycleReport:
 
 
 def _artifact_small(artifact: Path) -> tuple[str, Path | None]:
-    manifest = json.loads((artifact / "manifest.json").read_text())
+    manifest = json.loads((artifact / MANIFEST).read_text())
     adapter = artifact / "adapter"
     return manifest["small_model"], adapter if adapter.is_dir() else None
 
