@@ -114,3 +114,29 @@ def test_cycles_promote_refuse_and_serve(setup: dict, capsys: pytest.CaptureFixt
                             parse_tools(TOOLS))
     assert ping.details["path"] == "small" and [c.name for c in ping.calls] == ["ping"]
     assert weather.details["path"] == "cascade"
+
+
+def test_small_first_cycle_routes_on_the_small_paths_answer(setup: dict, tmp_path) -> None:
+    """A router that reads the small path's answer: the tiny model writes ping() with nothing left
+    to generate (confidence 1) and a random city only with low probability, so the confidence
+    alone separates the traffic; served, both requests run the small path first."""
+    store_path = tmp_path / "traffic.sqlite"
+    with open_store(store_path) as store:
+        store.write([encode(r) for r in traffic(0, 60)])
+        config = CycleConfig(target=0.95, small_first=True, min_requests=40, selector=str(setup["selector"]),
+                             distil=DistilConfig(lora_rank=4, max_items=16))
+        report = run_cycle(store, Versions(tmp_path / "odia"), setup["artifact"], config)
+    assert report.status == "promoted", report
+    router = json.loads((tmp_path / "odia" / "versions" / report.version / "router" / "router.json").read_text())
+    assert "small_confidence" in router["scalars"] and router["embedder"] == ""
+    assert 0.25 <= report.candidate["share"] <= 0.5 and report.candidate["agreement"] == 1.0, report
+    # Every held-out request ran the small path: an escalated one costs it on top of the cascade's.
+    assert report.candidate["mean_latency"] > 0.5 * sum(TIMINGS.values())
+
+    routed = RoutedMethod.load(HyFuncMethod.load(setup["artifact"]), tmp_path / "odia")
+    assert routed.routing.router.needs_small_answer
+    ping = routed.answer([{"role": "user", "content": "Is the service up right now? Check number 100."}], parse_tools(PING))
+    weather = routed.answer([{"role": "user", "content": "What is the weather like in Qzxvkj today?"}],
+                            parse_tools(TOOLS))
+    assert ping.details["path"] == "small" and [c.name for c in ping.calls] == ["ping"]
+    assert weather.details["path"] == "cascade" and "tried_small_decode" in weather.timings

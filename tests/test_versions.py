@@ -55,7 +55,7 @@ def test_refused_regression_and_exact_rollback(traffic, tmp_path: Path) -> None:
     versions = Versions(tmp_path / "odia")
 
     def measure(router: Router):
-        return replay(store, lambda m, t: router.route(m, t), small, held, gold)
+        return replay(store, lambda m, t, _: router.route(m, t), small, held, gold)
 
     first = train_router_from_store(store, Query(until=T0 + SPLIT), target=0.97)
     v1, verdict = versions.consider(_save(first), measure(first))
@@ -117,10 +117,10 @@ def test_replay_metrics(traffic) -> None:
     store, small, gold = traffic
     held = Query(since=T0 + SPLIT)
     n = len(list(store.iter_requests(held)))
-    everything_large = replay(store, lambda m, t: "large", small, held, gold)
+    everything_large = replay(store, lambda m, t, _: "large", small, held, gold)
     assert (everything_large.agreement, everything_large.share, everything_large.accuracy) == (1.0, 0.0, 1.0)
     assert everything_large.mean_latency == pytest.approx(2.3, abs=0.01)
-    everything_small = replay(store, lambda m, t: "small", small, held, gold)
+    everything_small = replay(store, lambda m, t, _: "small", small, held, gold)
     labels = {s.request.request_id: l.simple for s, l in store.iter_labels(held)}
     assert everything_small.agreement == pytest.approx(np.mean(list(labels.values())))
     assert everything_small.share == 1.0 and everything_small.mean_latency < 0.01 and len(labels) == n

@@ -64,6 +64,8 @@ def add_bench_odia_parser(bench_sub: Any) -> None:
     parser.add_argument("--held-out", type=int, default=100, help="held-out requests measured after each cycle")
     parser.add_argument("--explore", type=float, default=0.1, help="share of small-path decisions served by the cascade anyway")
     parser.add_argument("--target", type=float, default=0.99, help="the router's agreement target")
+    parser.add_argument("--small-first", action="store_true",
+                        help="routers that read the small path's answer: every request runs the small path first")
     parser.add_argument("--min-requests", type=int, default=100, help="a cycle needs this many large-path requests")
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--max-items", type=int, default=None, help="distil on at most N teacher answers per cycle")
@@ -95,7 +97,7 @@ def cmd_bench_odia(args: Any) -> int:
         same = model == cascade.large.name and engine == cascade.large.engine
         direct[f"direct:{model}@{engine}"] = load_method("direct", model=model, device=args.device, prefix_caching=True,
                                                          backend=cascade.large if same else None, engine=engine)
-    cycle = CycleConfig(target=args.target, min_requests=args.min_requests, replay_data=list(args.data),
+    cycle = CycleConfig(target=args.target, small_first=args.small_first, min_requests=args.min_requests, replay_data=list(args.data),
                         selector=args.selector, engine=args.engine, device=args.device,
                         distil=DistilConfig(epochs=args.epochs, lora_rank=args.lora_rank, max_items=args.max_items,
                                             seed=args.seed))

@@ -62,7 +62,10 @@ class SmallMethod:
             "answerability": answerable,
         })
         if not chosen:
-            return answer  # no tool fits: the selector's decision, as in the cascade
+            # No tool fits: the selector's decision, as in the cascade. The model wrote nothing to be
+            # confident in, so a router reading the small path's answer leaves it to the cascade's gate.
+            answer.details["confidence"] = 0.0
+            return answer
         selected = [tools[i] for i in chosen]
         start = time.perf_counter()
         prompt = build_small_prompt(self.backend, request, selected, with_soft_token=False)

@@ -61,6 +61,9 @@ def add_odia_parser(subparsers: argparse._SubParsersAction) -> None:
     cycle.add_argument("--window", default=None, metavar="PERIOD", help="only the traffic of the last PERIOD (default: all)")
     cycle.add_argument("--target", type=float, default=0.99, help="agreement with the large path to keep (default 0.99)")
     cycle.add_argument("--holdout", type=float, default=0.2, help="newest share of the window held out for the gate")
+    cycle.add_argument("--small-first", action="store_true",
+                       help="a router that reads the small path's answer (its confidence): served, every request runs "
+                            "the small path first and only doubtful answers go on to the cascade")
     cycle.add_argument("--min-requests", type=int, default=100, help="fewer large-path requests: skip the cycle")
     cycle.add_argument("--replay-data", nargs="*", default=[], help="fc-train files: a replay sample mixed into distillation")
     cycle.add_argument("--replay-fraction", type=float, default=0.5, help="replay examples per teacher example")
@@ -207,7 +210,8 @@ def cmd_cycle(args: argparse.Namespace) -> int:
         with _open_existing(args.store) as store:
             while True:
                 started = time.time()
-                config = CycleConfig(target=args.target, holdout=args.holdout, min_requests=args.min_requests,
+                config = CycleConfig(target=args.target, small_first=args.small_first, holdout=args.holdout,
+                                     min_requests=args.min_requests,
                                      since=None if window is None else started - window, replay_data=args.replay_data,
                                      selector=args.selector, engine=args.engine, gate=gate, distil=distil)
                 try:

@@ -9,7 +9,9 @@ split by time: the older part trains, the newest `holdout` share is held out for
 2. mine: the candidate small path (that adapter + the champion's tool selector) on the training
    window, labelled simple where its calls equal the teacher's (mining.py; kept in memory);
 3. router: a logistic router on those labels, its threshold calibrated for `target` agreement
-   (router.py);
+   (router.py); with `small_first` it reads the small path's answer (its lowest value-token
+   probability, its number of calls) and the request's scalars, not its embedding: served, every
+   request then runs the small path first and only the doubtful ones go on to the cascade;
 4. replay the held-out window through the candidate and through the champion, measured in the
    same run (evaluate.py): agreement with the large path, share on the small path, mean latency,
    and accuracy where gold is known (feedback `good` marks a logged answer as gold);
@@ -37,7 +39,7 @@ from hyfunc.routing.distil import (
     replay_examples,
     teacher_examples,
 )
-from hyfunc.routing.evaluate import replay
+from hyfunc.routing.evaluate import replay, replay_router
 from hyfunc.routing.mining import method_small_path, mine
 from hyfunc.routing.routed import (
     SMALL_MANIFEST,
@@ -55,6 +57,9 @@ from hyfunc.routing.versions import GateConfig, Metrics, Verdict, Versions, gate
 @dataclass
 class CycleConfig:
     target: float = 0.99  # the router's agreement with the large path on held-out traffic
+    # The router reads the small path's answer (small-first serving). Without the embedding: with
+    # a cycle's few hundred labels its 384 dimensions drown the confidence (reports/odia-small-first).
+    small_first: bool = False
     holdout: float = 0.2  # newest share of the window held out for the gate's replay
     min_requests: int = 100  # fewer large-path requests in the window: no cycle
     since: float | None = None  # the window's start (Unix s); None: all logged traffic
@@ -163,9 +168,11 @@ def run_cycle(store: TrafficStore, versions: Versions, artifact: str | Path, con
         report.mining = {"labelled": mining.labelled, "simple": mining.simple, "simple_share": mining.simple_share,
                          "small_failures": mining.small_failures, "seconds": mining.seconds}
         created = {s.request.request_id: s.request.created for s in store.iter_requests(train_query)}
-        examples = [RoutingExample(l.features, l.embedding, l.simple, created[l.request_id]) for l in labels]
+        examples = [RoutingExample(l.features, None if config.small_first else l.embedding, l.simple,
+                                   created[l.request_id]) for l in labels]
         try:
-            router = train_router(examples, target=config.target, embedder=embedder, embedder_name=MINILM_NAME,
+            router = train_router(examples, target=config.target, use_small_answer=config.small_first,
+                                  embedder=embedder, embedder_name=None if config.small_first else MINILM_NAME,
                                   window={"since": config.since, "until": held_since})
         except RouterError as err:
             report.status, report.reasons = "refused", [f"no router: {err}"]
@@ -173,13 +180,11 @@ def run_cycle(store: TrafficStore, versions: Versions, artifact: str | Path, con
         report.router = {"threshold": router.threshold, "calibration": router.manifest["calibration"]}
 
         gold_map = _gold(store, held_query, gold)
-        candidate = replay(store, lambda m, t: router.route(m, t), method_small_path(small), held_query, gold_map)
+        candidate = replay_router(store, router, method_small_path(small), held_query, gold_map)
         if champion is not None and champion.router is not None and champion.small is not None:
-            champ_router, champ_small = champion.router, champion.small
-            baseline = replay(store, lambda m, t: champ_router.route(m, t), method_small_path(champ_small),
-                              held_query, gold_map)
+            baseline = replay_router(store, champion.router, method_small_path(champion.small), held_query, gold_map)
         else:
-            cascade_only = replay(store, lambda m, t: "large", method_small_path(small), held_query, gold_map)
+            cascade_only = replay(store, lambda m, t, _: "large", method_small_path(small), held_query, gold_map)
             # The first version's bar: the target agreement, and not slower than the cascade alone.
             baseline = Metrics(config.target, 0.0, cascade_only.mean_latency, cascade_only.accuracy)
         verdict: Verdict = gate(baseline, candidate, config.gate)

@@ -4,19 +4,22 @@ small path, how often the answer equals the large path's, and what latency that 
 Latency is replayed, not re-measured: a request routed to the small path costs the router plus
 the small path's measured time; one left to the large path costs the router plus what the log
 says the large path took (its per-stage timings), since that is what serving it costs today.
+A small-first router (one that reads the small path's answer) runs the small path on every
+request: an escalated request costs the small path's time plus the large path's.
 """
 from __future__ import annotations
 
 import time
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from hyfunc.errors import InputError
 from hyfunc.formats.calls import Call, same_calls
-from hyfunc.routing.mining import SmallPath
+from hyfunc.routing.mining import SmallOutput, SmallPath
 from hyfunc.routing.store import LARGE_PATHS, Query, TrafficStore
 from hyfunc.routing.versions import Metrics
 
-RouteFn = Callable[[list[dict], list[dict]], str]  # (messages, tools) -> "small" | "large"
+# (messages, tools, the small path's answer when the router reads it) -> "small" | "large"
+RouteFn = Callable[[list[dict], list[dict], SmallOutput | None], str]
 
 
 def _calls(calls: Sequence[Mapping]) -> list[Call]:
@@ -24,8 +27,9 @@ def _calls(calls: Sequence[Mapping]) -> list[Call]:
 
 
 def replay(store: TrafficStore, route: RouteFn, small_path: SmallPath, query: Query,
-           gold: Mapping[str, list[dict]] | None = None) -> Metrics:
-    """`gold`: request id -> correct calls for a labelled holdout (accuracy is reported only then)."""
+           gold: Mapping[str, list[dict]] | None = None, small_first: bool = False) -> Metrics:
+    """`gold`: request id -> correct calls for a labelled holdout (accuracy is reported only then);
+    `small_first`: the router reads the small path's answer, so the small path runs first."""
     n = agree = small = correct = scored = 0
     latency = 0.0
     selection = Query(query.since, query.until, LARGE_PATHS if query.paths is None else query.paths,
@@ -34,9 +38,10 @@ def replay(store: TrafficStore, route: RouteFn, small_path: SmallPath, query: Qu
         req = stored.request
         messages, tools = [dict(m) for m in req.messages], [dict(t) for t in req.tools]
         started = time.perf_counter()
-        decision = route(messages, tools)
+        tried = small_path(messages, tools) if small_first else None
+        decision = route(messages, tools, tried)
         if decision == "small":
-            answer = small_path(messages, tools).calls
+            answer = (tried or small_path(messages, tools)).calls
             latency += time.perf_counter() - started
             small += 1
         else:
@@ -51,3 +56,15 @@ def replay(store: TrafficStore, route: RouteFn, small_path: SmallPath, query: Qu
         raise InputError("no held-out large-path traffic to evaluate on")
     return Metrics(agreement=agree / n, share=small / n, mean_latency=latency / n,
                    accuracy=correct / scored if scored else None)
+
+
+def replay_router(store: TrafficStore, router: Any, small_path: SmallPath, query: Query,
+                  gold: Mapping[str, list[dict]] | None = None) -> Metrics:
+    """`replay` with a Router's decisions; small-first when the router reads the small path's answer."""
+
+    def route(messages: list[dict], tools: list[dict], tried: SmallOutput | None) -> str:
+        if tried is None:
+            return router.route(messages, tools)
+        return router.route(messages, tools, tried.calls, tried.confidence)
+
+    return replay(store, route, small_path, query, gold, small_first=router.needs_small_answer)

@@ -71,8 +71,9 @@ def label_request(stored: StoredRequest, small: SmallOutput | None, small_path_n
     small_calls = [] if small is None else [{"name": c["name"], "arguments": dict(c.get("arguments") or {})}
                                             for c in small.calls]
     simple = small is not None and same_calls(_calls(small_calls), _calls(req.calls))
-    features = scalar_features(req.messages, req.tools, small_calls if small is not None else None,
-                               None if small is None else small.confidence)
+    # A small path that raised answered nothing, with no confidence: its features say so, so a
+    # router reading the small path's answer trains on every request.
+    features = scalar_features(req.messages, req.tools, small_calls, 0.0 if small is None else small.confidence)
     features["large_calls"] = float(len(req.calls))  # for analysis; unknown at routing time
     if error is not None:
         features["small_error"] = 1.0

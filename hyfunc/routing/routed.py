@@ -28,7 +28,6 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from hyfunc.cascade.selector import ToolSelector
-from hyfunc.errors import InputError
 from hyfunc.formats.messages import request_text
 from hyfunc.formats.schema import Tool
 from hyfunc.methods.base import Answer
@@ -39,6 +38,7 @@ from hyfunc.routing.router import Router
 log = logging.getLogger("hyfunc.routing")
 
 SMALL_MANIFEST = "small.json"
+SMALL_FIRST = "small_first"  # the server's path for a router that reads the small path's answer
 
 
 class SharedEmbedder:
@@ -195,15 +195,21 @@ class RoutedMethod:
         return self.routing.version == version
 
     # -- deciding ----------------------------------------------------------------------------
+    def routable(self, messages: Sequence[dict], tools: Sequence[Tool], routing: Routing | None = None) -> bool:
+        """Whether the router decides this request at all (else the cascade answers it)."""
+        routing = routing or self.routing
+        if routing.router is None or routing.small is None or not tools or not request_text(messages):
+            return False
+        gate = getattr(self.cascade, "gate", None)
+        # Maybe small talk: the cascade's gate decides with the large model's state.
+        return gate is None or not gate.suspects(request_text(messages), tools)
+
     def choose(self, messages: Sequence[dict], tools: Sequence[Tool], routing: Routing | None = None,
                small_answer: Answer | None = None) -> tuple[str, float | None]:
         """("small" | "cascade", the router's score)."""
         routing = routing or self.routing
-        if routing.router is None or routing.small is None or not tools or not request_text(messages):
+        if not self.routable(messages, tools, routing):
             return "cascade", None
-        gate = getattr(self.cascade, "gate", None)
-        if gate is not None and gate.suspects(request_text(messages), tools):
-            return "cascade", None  # maybe small talk: the cascade's gate decides with the large model's state
         calls = confidence = None
         if routing.router.needs_small_answer:
             if small_answer is None:
@@ -222,8 +228,8 @@ class RoutedMethod:
         routing = self.routing
         start = time.perf_counter()
         small_answer = None
-        if routing.router is not None and routing.small is not None and routing.router.needs_small_answer and tools:
-            small_answer = routing.small.answer(messages, tools)
+        if routing.router is not None and routing.router.needs_small_answer and self.routable(messages, tools, routing):
+            small_answer = routing.small.answer(messages, tools)  # small first: the router reads its answer
         path, score = self.choose(messages, tools, routing, small_answer)
         path, explored = self._explored(path)
         route_seconds = time.perf_counter() - start - (small_answer.latency if small_answer else 0.0)
@@ -257,18 +263,20 @@ class RoutedMethod:
 
     # -- the server's slots ----------------------------------------------------------------
     def server_paths(self) -> dict[str, Any]:
-        """Methods by path for `create_app`; the cascade first (the server sizes its context by it)."""
-        router = self.routing.router
-        if router is not None and router.needs_small_answer:
-            raise InputError("the server routes before answering: serve a router trained without --with-small-answer")
-        return {"cascade": self.cascade, "small": self.small_slot}
+        """Methods by path for `create_app`; the cascade first (the server sizes its context by it).
+        "small_first" serves a router that reads the small path's answer: it is decided on the
+        model worker, after the small path has answered (see `_SmallFirstSlot`)."""
+        return {"cascade": self.cascade, "small": self.small_slot, SMALL_FIRST: _SmallFirstSlot(self)}
 
     def route_prepared(self, prepared: Any) -> str:
-        """The server's router slot (hyfunc.serving.service.Router)."""
+        """The server's router slot (hyfunc.serving.service.Router), run before the request is queued."""
         self._poll()
         if prepared.choice != "auto":
             return "cascade"  # forced or named calls, no-tool replies: the cascade's rules apply
-        path, _ = self.choose(prepared.conversation.method_messages(), prepared.tools)
+        messages, routing = prepared.conversation.method_messages(), self.routing
+        if routing.router is not None and routing.router.needs_small_answer:
+            return SMALL_FIRST if self.routable(messages, prepared.tools, routing) else "cascade"
+        path, _ = self.choose(messages, prepared.tools, routing)
         return self._explored(path)[0]
 
 
@@ -297,6 +305,42 @@ class _SmallSlot:
 
     def answer(self, messages: Sequence[dict], tools: Sequence[Tool]) -> Answer:
         return self._current().answer(messages, tools)
+
+
+class _SmallFirstSlot:
+    """The server's path for a small-first router: the routed method answers (the small path, then
+    the cascade when the router doubts its answer), and `answered_by` names the method that did,
+    so the server writes text replies with it and logs that path (escalated requests are teacher
+    answers for the next cycle)."""
+
+    path = SMALL_FIRST
+    name = "routed"
+
+    def __init__(self, routed: RoutedMethod):
+        self._routed = routed
+
+    def answer(self, messages: Sequence[dict], tools: Sequence[Tool]) -> Answer:
+        return self._routed.answer(messages, tools)
+
+    def answered_by(self, answer: Answer) -> tuple[str, Any]:
+        if answer.details.get("path") == "small":
+            return "small", self._routed.small_slot
+        return "cascade", self._routed.cascade
+
+    # A library too large for one prompt is read per function by the cascade (the small path's
+    # selector ranks any number of tools): the server checks and caches it through this slot.
+    def library_mode(self, n_tools: int) -> str | None:
+        mode = getattr(self._routed.cascade, "library_mode", None)
+        return None if mode is None else mode(n_tools)
+
+    def use_library(self, tools: Sequence[Tool]) -> None:
+        self._routed.use_library(tools)
+
+    def library_state(self) -> Any:
+        return self._routed.cascade.library_state()
+
+    def set_library_state(self, state: Any) -> None:
+        self._routed.cascade.set_library_state(state)
 
 
 def routed_serving(load_cascade: Callable[[], Any], directory: str | Path, engine: str = "auto",

@@ -281,6 +281,8 @@ class ChatService:
             stream = CallStream(offered, on_call, max_calls, skip)
             result = answer_streaming(method, conv.method_messages(), offered, stream.feed)
             stream.close()
+            if hasattr(method, "answered_by"):  # a path that decides while answering (small first)
+                path, method = method.answered_by(result)
             timings.update(result.timings)
             prompt_tokens += result.input_tokens
             completion_tokens += result.output_tokens + result.injected_tokens
