@@ -48,32 +48,36 @@ LONG = ("I am planning a long trip across several countries next month and would
         "cities on my way, what the weather will be like, and also book tables for dinner in two of them.")
 
 
-def length_router(threshold: float | None = None) -> "Router":
+def length_router(threshold: float | None = None, small_first: bool = False) -> "Router":
     """A router learned from labels that call short requests simple (scalar features only, no
-    embedder): short requests go to the small path, long ones to the cascade."""
+    embedder): short requests go to the small path, long ones to the cascade. `small_first`: it
+    also reads the small path's answer (labelled with one call at confidence 0.5 throughout, so
+    the length still decides)."""
     from hyfunc.routing.features import scalar_features
     from hyfunc.routing.router import RoutingExample, train_router
     from tests.test_serve_sdk import TOOLS
 
     examples = []
+    small_answer = ([{"name": "ping", "arguments": {}}], 0.5) if small_first else (None, None)
     for i in range(40):
         short = i % 2 == 0
         text = (SHORT if short else LONG) + " " * (i % 5)
-        examples.append(RoutingExample(scalar_features([{"role": "user", "content": text}], TOOLS), None, short, float(i)))
-    router = train_router(examples, target=0.99)
+        features = scalar_features([{"role": "user", "content": text}], TOOLS, *small_answer)
+        examples.append(RoutingExample(features, None, short, float(i)))
+    router = train_router(examples, target=0.99, use_small_answer=small_first)
     if threshold is not None:
         router.threshold = router.manifest["threshold"] = threshold
     return router
 
 
-def tiny_version(directory: Path, small_model: Path, threshold: float | None = None) -> Path:
+def tiny_version(directory: Path, small_model: Path, threshold: float | None = None, small_first: bool = False) -> Path:
     """A version directory as a cycle writes one: router/ and small/ (the tiny small model, no
     adapter, an identity MiniLM selector that keeps the best tools)."""
     from hyfunc.models.minilm import MINILM_NAME
     from hyfunc.routing.routed import SMALL_MANIFEST, small_description
     from hyfunc.cascade.selector import identity_selector
 
-    length_router(threshold).save(directory / "router")
+    length_router(threshold, small_first).save(directory / "router")
     selector = identity_selector()
     selector.config.lexical_weight, selector.config.threshold, selector.config.refusal_threshold = 1.0, 0.9, -1.0
     selector.save(directory / "small" / "selector", meta={"embedder": MINILM_NAME})

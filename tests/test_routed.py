@@ -120,6 +120,35 @@ def test_the_server_routes_logs_and_switches_versions_live(routed_server: Any) -
     assert small.models["method"].startswith("small@") and large.path == "cascade"
 
 
+def test_the_server_serves_a_small_first_router(routed_server: Any, small_model: Path) -> None:
+    """A router that reads the small path's answer: routed on the worker, after the small path has
+    answered; the response and the log name the path that answered, an escalated request keeps
+    what the small path cost."""
+    base, url, versions, _ = routed_server
+    v3 = versions.create(lambda d: tiny_version(d, small_model, small_first=True), metrics=versions.metrics(versions.champion),
+                         parents=[versions.champion])
+    versions.promote(v3)
+    body = {"model": "hyfunc", "messages": _ask(SHORT), "tools": TOOLS}
+
+    def arrival_route() -> str:  # a stream's header is sent on arrival: the route taken then
+        with httpx.stream("POST", f"{base}/v1/chat/completions", json={**body, "stream": True}, timeout=60) as response:
+            response.read()
+            return response.headers["x-hyfunc-path"]
+
+    assert wait_until(lambda: arrival_route() == "small_first", 30, interval=0.3)
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0, timeout=60)
+    answered = {}
+    for text in (SHORT, LONG):
+        raw = client.chat.completions.with_raw_response.create(model="hyfunc", messages=_ask(text), tools=TOOLS)
+        assert raw.parse().choices[0].message.tool_calls
+        answered[text] = raw.headers["x-hyfunc-path"], raw.headers["x-request-id"]
+    assert [answered[t][0] for t in (SHORT, LONG)] == ["small", "cascade"]
+    with open_store(url) as store:
+        short, long = store.get(answered[SHORT][1]).request, store.get(answered[LONG][1]).request
+    assert short.path == "small" and short.models["method"].startswith("small@") and "large_prefill" not in short.timings
+    assert long.path == "cascade" and "large_prefill" in long.timings and "tried_select" in long.timings
+
+
 def test_hyfunc_call_routes_and_logs_the_path(tmp_path: Path, small_model: Path) -> None:
     import json
 

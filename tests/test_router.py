@@ -18,6 +18,7 @@ from hyfunc.routing.router import (
 from hyfunc.routing.store import Query, encode
 from hyfunc.routing.stores import open_store
 from tests.fc_traffic import ExtractiveSmallPath, load_examples, served_from_example
+from tests.test_serve_sdk import TOOLS
 
 N, N_TEST, T0 = 400, 100, 1_700_000_000.0
 
@@ -34,6 +35,35 @@ def test_threshold_is_the_largest_share_meeting_the_target() -> None:
     assert choose_threshold(curve, 0.75, metric="precision").threshold == 0.7
     nothing = choose_threshold(tradeoff_curve(np.array([0.4]), np.array([False])), 0.99)
     assert nothing.share == 0.0 and nothing.threshold > 0.4  # routes nothing, not even the top score
+
+
+def test_confidence_floor_is_where_the_small_first_router_stops_routing() -> None:
+    """A decode may stop once its running minimum falls below the floor: the router would have
+    escalated any answer with that confidence, whatever its call count (1 to max_calls)."""
+    from hyfunc.routing.features import scalar_features
+
+    rng = np.random.default_rng(0)
+    examples = []
+    for i in range(200):
+        words, calls, confidence = int(rng.integers(3, 60)), int(rng.integers(1, 4)), float(rng.uniform())
+        messages = [{"role": "user", "content": " ".join(["word"] * words)}]
+        features = scalar_features(messages, TOOLS, [{}] * calls, confidence)
+        simple = confidence + 0.2 * rng.normal() > 0.5 + words / 200
+        examples.append(RoutingExample(features, None, bool(simple), float(i)))
+    router = train_router(examples, target=0.95, use_small_answer=True)
+    assert router.needs_small_answer and router.weight[router.scalars.index("small_confidence")] > 0
+    for words in (5, 25, 50):
+        messages = [{"role": "user", "content": " ".join(["word"] * words)}]
+        floor = router.confidence_floor(messages, TOOLS, max_calls=4)
+        assert 0.0 < floor < 1.0, (words, floor)
+        above = [router.route(messages, TOOLS, [{}] * k, floor + 1e-6) for k in range(1, 5)]
+        below = [router.route(messages, TOOLS, [{}] * k, floor - 1e-6) for k in range(1, 5)]
+        assert "small" in above and set(below) == {"large"}, (words, floor, above, below)
+        assert router.route(messages, TOOLS, [{}], 1.0, gave_up=True) == "large"
+    router.threshold = 1.0  # routes nothing: give up at once
+    assert router.confidence_floor([{"role": "user", "content": "hi"}], TOOLS) == float("inf")
+    without = train_router(examples, target=0.95)  # reads no confidence: never stops a decode
+    assert without.confidence_floor([{"role": "user", "content": "hi"}], TOOLS) == 0.0
 
 
 def test_training_refuses_what_it_cannot_learn() -> None:

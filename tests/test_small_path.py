@@ -85,6 +85,11 @@ def test_small_method_answers_without_a_large_model(selector_dir: tuple[Path, di
     assert 0.0 < answer.details["confidence"] < 1.0
     again = method.answer(WEATHER, tools)
     assert again.calls == answer.calls and again.cached_tokens > 0  # instruction + same tools not run again
+    # Stopping below a confidence floor: at the floor nothing changes, above it no calls.
+    kept = method.answer(WEATHER, tools, give_up_below=answer.details["confidence"])
+    assert kept.calls == answer.calls and "gave_up" not in kept.details
+    stopped = method.answer(WEATHER, tools, give_up_below=answer.details["confidence"] + 1e-6)
+    assert stopped.details["gave_up"] and stopped.calls == [] and stopped.output_tokens <= answer.output_tokens
 
     selector.retriever.config.refusal_threshold = 10.0  # above any cosine: no tool fits
     refused = method.answer(WEATHER, tools)

@@ -45,7 +45,9 @@ class SmallMethod:
         self.config: dict = {"small": f"{backend.name} ({backend.engine})", "version": version,
                              "selector": selector.retriever.meta.get("embedder")}
 
-    def answer(self, messages: Sequence[dict], tools: Sequence[Tool]) -> Answer:
+    def answer(self, messages: Sequence[dict], tools: Sequence[Tool], give_up_below: float = 0.0) -> Answer:
+        """`give_up_below`: stop writing, with no calls and ``details["gave_up"]``, once a value
+        token's probability falls below it (a small-first router's confidence floor)."""
         tools = list(tools)
         request = request_text(messages)
         if not request:
@@ -73,11 +75,13 @@ class SmallMethod:
         timings["small_prefill"] = time.perf_counter() - start
         start = time.perf_counter()
         # Tools were selected: the model writes at least one call (as the cascade's small model does).
-        out = self.decoder.decode(step, selected, require_call=True, draft_source=request)
+        out = self.decoder.decode(step, selected, require_call=True, draft_source=request, give_up_below=give_up_below)
         timings["small_decode"] = time.perf_counter() - start
         answer.calls, answer.raw_text = out.calls, out.text
         answer.input_tokens, answer.cached_tokens = len(prompt), reused
         answer.output_tokens, answer.injected_tokens = out.generated_tokens, out.injected_tokens
         answer.details["small_forward_passes"] = out.forward_calls
         answer.details["confidence"] = out.min_probability  # mining keeps it as a routing feature
+        if out.gave_up:
+            answer.details["gave_up"] = True
         return answer

@@ -60,11 +60,15 @@ def replay(store: TrafficStore, route: RouteFn, small_path: SmallPath, query: Qu
 
 def replay_router(store: TrafficStore, router: Any, small_path: SmallPath, query: Query,
                   gold: Mapping[str, list[dict]] | None = None) -> Metrics:
-    """`replay` with a Router's decisions; small-first when the router reads the small path's answer."""
+    """`replay` with a Router's decisions; small-first when the router reads the small path's
+    answer, whose decode then stops below the router's confidence floor, as served."""
 
     def route(messages: list[dict], tools: list[dict], tried: SmallOutput | None) -> str:
         if tried is None:
             return router.route(messages, tools)
-        return router.route(messages, tools, tried.calls, tried.confidence)
+        return router.route(messages, tools, tried.calls, tried.confidence, tried.gave_up)
 
-    return replay(store, route, small_path, query, gold, small_first=router.needs_small_answer)
+    if not router.needs_small_answer:
+        return replay(store, route, small_path, query, gold)
+    first = lambda m, t: small_path(m, t, give_up_below=router.confidence_floor(m, t))  # noqa: E731
+    return replay(store, route, first, query, gold, small_first=True)

@@ -27,9 +27,11 @@ class SmallOutput:
 
     calls: list[dict]
     confidence: float | None = None
+    gave_up: bool = False  # stopped below the confidence floor it was given (no calls)
 
 
-SmallPath = Callable[[list[dict], list[dict]], SmallOutput]  # (messages, OpenAI tools) -> answer
+# (messages, OpenAI tools) -> answer; a method's small path also takes `give_up_below`.
+SmallPath = Callable[..., SmallOutput]
 
 
 def method_small_path(method: Any) -> SmallPath:
@@ -37,11 +39,12 @@ def method_small_path(method: Any) -> SmallPath:
     confidence is read from `answer.details["confidence"]` when the method reports one."""
     from hyfunc.formats.schema import parse_tools
 
-    def run(messages: list[dict], tools: list[dict]) -> SmallOutput:
-        answer = method.answer(messages, parse_tools(tools))
+    def run(messages: list[dict], tools: list[dict], give_up_below: float = 0.0) -> SmallOutput:
+        answer = (method.answer(messages, parse_tools(tools), give_up_below=give_up_below) if give_up_below
+                  else method.answer(messages, parse_tools(tools)))
         confidence = answer.details.get("confidence") if isinstance(answer.details, Mapping) else None
         return SmallOutput([{"name": c.name, "arguments": c.arguments} for c in answer.calls],
-                           None if confidence is None else float(confidence))
+                           None if confidence is None else float(confidence), bool(answer.details.get("gave_up")))
 
     return run
 

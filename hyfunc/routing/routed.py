@@ -214,6 +214,8 @@ class RoutedMethod:
         if routing.router.needs_small_answer:
             if small_answer is None:
                 raise ValueError("this router reads the small path's answer: run it first")
+            if small_answer.details.get("gave_up"):
+                return "cascade", None  # its confidence fell below the router's floor
             calls, confidence = small_answer.calls, small_answer.details.get("confidence")
         score = routing.router.score(messages, tools, calls, confidence)
         return ("small" if score >= routing.router.threshold else "cascade"), score
@@ -229,7 +231,9 @@ class RoutedMethod:
         start = time.perf_counter()
         small_answer = None
         if routing.router is not None and routing.router.needs_small_answer and self.routable(messages, tools, routing):
-            small_answer = routing.small.answer(messages, tools)  # small first: the router reads its answer
+            # Small first: the router reads its answer, and it stops early when the router would escalate anyway.
+            floor = routing.router.confidence_floor(messages, tools, routing.small.decoder.max_calls)
+            small_answer = routing.small.answer(messages, tools, give_up_below=floor)
         path, score = self.choose(messages, tools, routing, small_answer)
         path, explored = self._explored(path)
         route_seconds = time.perf_counter() - start - (small_answer.latency if small_answer else 0.0)

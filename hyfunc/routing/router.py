@@ -14,6 +14,7 @@ names, embedder, threshold, calibration, curve, training window).
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from dataclasses import asdict, dataclass
@@ -144,9 +145,38 @@ class Router:
         return float(self.scores([features], embeddings)[0])
 
     def route(self, messages: Sequence[dict], tools: Sequence[Any], small_calls: Sequence[Any] | None = None,
-              small_confidence: float | None = None) -> str:
-        """"small" when the small path is expected to answer as the large path would, else "large"."""
+              small_confidence: float | None = None, gave_up: bool = False) -> str:
+        """"small" when the small path is expected to answer as the large path would, else "large".
+        `gave_up`: the small path stopped below `confidence_floor`, so it cannot be "small"."""
+        if gave_up:
+            return "large"
         return "small" if self.score(messages, tools, small_calls, small_confidence) >= self.threshold else "large"
+
+    def confidence_floor(self, messages: Sequence[dict], tools: Sequence[Any], max_calls: int = 8) -> float:
+        """The lowest small-path confidence at which this request could still be routed to the
+        small path, whatever else the small path's answer holds (1 to `max_calls` calls): its
+        decode may stop as soon as its running minimum falls below (escalated either way), so an
+        escalated request does not pay for the whole small decode. 0 when the router does not read
+        the confidence or gains nothing from it; inf when nothing is routed to the small path."""
+        if "small_confidence" not in self.scalars:
+            return 0.0
+        if self.threshold >= 1.0:
+            return math.inf
+        if self.threshold <= 0.0:
+            return 0.0
+        at = self.scalars.index("small_confidence")
+        w_conf = float(self.weight[at])
+        if w_conf <= 0:
+            return 0.0
+        embeddings = self._embedder_or_load().embed([request_text(messages)]) if self.embedder_name else None
+        base = scalar_features(messages, tools, [None], float(self.mean[at]))  # confidence at its mean: no term
+        best = -math.inf
+        for calls in {1, max_calls}:  # the score is linear in the call count: an end is the best case
+            z = self.matrix([{**base, "small_calls": float(calls)}], embeddings) @ self.weight + self.bias
+            best = max(best, float(z[0]))
+        needed = math.log(self.threshold / (1.0 - self.threshold))  # the score's logit at the threshold
+        floor = float(self.mean[at]) + float(self.scale[at]) * (needed - best) / w_conf
+        return max(0.0, floor - 1e-9)  # a hair below: never stop a decode the router would have kept
 
     def save(self, directory: str | Path) -> Path:
         """Write both files; each is replaced atomically, the manifest last (it names the weights)."""

@@ -270,7 +270,10 @@ def create_app(
             if not isinstance(err, APIError):
                 log.exception("request %s failed", prepared.request_id)
             raise _failed(err) from None
-        metrics.e2e.labels(path=path).observe(time.perf_counter() - arrived)
+        # The path that answered: a small-first route is decided on the worker (a stream's header
+        # is sent before that, and names the route taken at arrival).
+        metrics.e2e.labels(path=outcome.path).observe(time.perf_counter() - arrived)
+        headers["x-hyfunc-path"] = outcome.path
         return JSONResponse(completion_body(outcome), headers={**headers, **_timing_headers(outcome)})
 
     def _submit(fn: Callable) -> Any:

@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from hyfunc.cascade.templating.session import Session
+from hyfunc.cascade.templating.session import GaveUp, Session
 from hyfunc.cascade.templating.vocab import Vocab, vocab_for
 from hyfunc.cascade.templating.walker import Walker, dumps
 from hyfunc.formats.calls import Call
@@ -28,6 +28,7 @@ class TemplatedOutput:
     accepted_draft_tokens: int = 0  # of which the model's own greedy choice (no pass of their own)
     rewinds: int = 0  # repeated calls or array items taken back by the repeat guard
     min_probability: float = 1.0  # lowest probability of a generated token among the allowed ones
+    gave_up: bool = False  # stopped when min_probability fell below `give_up_below`: no calls
 
 
 class TemplateDecoder:
@@ -71,7 +72,7 @@ class TemplateDecoder:
 
     def decode(
         self, step: StepOutput, tools: Sequence[Tool], require_call: bool = False, draft_source: str = "",
-        on_text: Callable[[str], None] | None = None,
+        on_text: Callable[[str], None] | None = None, give_up_below: float = 0.0,
     ) -> TemplatedOutput:
         """`require_call`: at least one call when `tools` is not empty (the caller has already
         decided that a tool fits, e.g. the retriever); otherwise ``[]`` is the model's choice.
@@ -79,17 +80,24 @@ class TemplateDecoder:
         from it are verified by the model, so they change the speed, not the output.
         `on_text`: called with each piece of the output text (injected or generated) in order, as
         soon as it is final (see `Session`: text the repeat guard may still take back waits);
-        the pieces concatenate to `TemplatedOutput.text`. Engine-independent: it sees text only."""
+        the pieces concatenate to `TemplatedOutput.text`. Engine-independent: it sees text only.
+        `give_up_below`: stop, with no calls and `gave_up`, as soon as a generated token's
+        probability falls below it (`session.GaveUp`)."""
         start = time.perf_counter()
         vocab = self.vocab(int(step.logits.shape[-1]))
-        session = Session(self, vocab, step, teacher=False, draft_source=draft_source, on_text=on_text)
-        Walker(self, session, require_call).calls(list(tools), None)
-        session.finish()
-        text = session.text
-        data = json.loads(text)
-        calls = [Call(d["name"], d["arguments"]) for d in data]
+        session = Session(self, vocab, step, teacher=False, draft_source=draft_source, on_text=on_text,
+                          give_up_below=give_up_below)
+        gave_up = False
+        try:
+            Walker(self, session, require_call).calls(list(tools), None)
+            session.finish()
+            text = session.text
+            calls = [Call(d["name"], d["arguments"]) for d in json.loads(text)]
+        except GaveUp:
+            gave_up, text, calls = True, session.text, []
         n_gen = sum(session.generated)
         return TemplatedOutput(
+            gave_up=gave_up,
             calls=calls,
             text=text,
             token_ids=list(session.ids),

@@ -48,12 +48,23 @@ class Hold:
     item_start: int | None = None  # where the item after the separator starts, once it has started
 
 
+class GaveUp(Exception):
+    """The lowest generated-token probability fell below the session's `give_up_below`: the
+    minimum can only fall further, so a caller that would discard such an output (a router
+    escalating doubtful answers) is spared the rest of the decode."""
+
+    def __init__(self, min_probability: float):
+        super().__init__(f"a generated token's probability fell to {min_probability:.4f}")
+        self.min_probability = min_probability
+
+
 class Session:
     def __init__(
         self, dec: TemplateDecoder, vocab: Vocab, step: StepOutput | None, teacher: bool, draft_source: str = "",
-        on_text: Callable[[str], None] | None = None,
+        on_text: Callable[[str], None] | None = None, give_up_below: float = 0.0,
     ):
         self.dec = dec
+        self.give_up_below = give_up_below  # see GaveUp
         self.vocab = vocab
         self.teacher = teacher
         self.backend = dec.backend
@@ -288,6 +299,8 @@ class Session:
             best = float(masked.max())
             if math.isfinite(best):
                 self.min_probability = min(self.min_probability, math.exp(best - float(torch.logsumexp(masked, 0))))
+                if self.min_probability < self.give_up_below:
+                    raise GaveUp(self.min_probability)
         s = self.vocab.strings[tid]
         assert s is not None
         self._append(tid, True)
