@@ -125,8 +125,9 @@ def test_the_server_serves_a_small_first_router(routed_server: Any, small_model:
     answered; the response and the log name the path that answered, an escalated request keeps
     what the small path cost."""
     base, url, versions, _ = routed_server
-    v3 = versions.create(lambda d: tiny_version(d, small_model, small_first=True), metrics=versions.metrics(versions.champion),
-                         parents=[versions.champion])
+    champion = versions.champion
+    v3 = versions.create(lambda d: tiny_version(d, small_model, small_first=True), metrics=versions.metrics(champion),
+                         parents=[champion])
     versions.promote(v3)
     body = {"model": "hyfunc", "messages": _ask(SHORT), "tools": TOOLS}
 

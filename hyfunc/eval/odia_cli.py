@@ -97,8 +97,8 @@ def cmd_bench_odia(args: Any) -> int:
         same = model == cascade.large.name and engine == cascade.large.engine
         direct[f"direct:{model}@{engine}"] = load_method("direct", model=model, device=args.device, prefix_caching=True,
                                                          backend=cascade.large if same else None, engine=engine)
-    cycle = CycleConfig(target=args.target, small_first=args.small_first, min_requests=args.min_requests, replay_data=list(args.data),
-                        selector=args.selector, engine=args.engine, device=args.device,
+    cycle = CycleConfig(target=args.target, small_first=args.small_first, min_requests=args.min_requests,
+                        replay_data=list(args.data), selector=args.selector, engine=args.engine, device=args.device,
                         distil=DistilConfig(epochs=args.epochs, lora_rank=args.lora_rank, max_items=args.max_items,
                                             seed=args.seed))
     config = OdiaBenchConfig(stream=args.stream, cycle_every=args.cycle_every, held_out=args.held_out,

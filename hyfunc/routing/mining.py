@@ -40,6 +40,7 @@ def method_small_path(method: Any) -> SmallPath:
     from hyfunc.formats.schema import parse_tools
 
     def run(messages: list[dict], tools: list[dict], give_up_below: float = 0.0) -> SmallOutput:
+        # Only the small method (SmallMethod) can stop early; any other method is asked as usual.
         answer = (method.answer(messages, parse_tools(tools), give_up_below=give_up_below) if give_up_below
                   else method.answer(messages, parse_tools(tools)))
         confidence = answer.details.get("confidence") if isinstance(answer.details, Mapping) else None
