@@ -41,7 +41,7 @@ def replay(store: TrafficStore, route: RouteFn, small_path: SmallPath, query: Qu
         tried = small_path(messages, tools) if small_first else None
         decision = route(messages, tools, tried)
         if decision == "small":
-            answer = (tried or small_path(messages, tools)).calls
+            answer = (tried if tried is not None else small_path(messages, tools)).calls
             latency += time.perf_counter() - started
             small += 1
         else:
@@ -68,7 +68,9 @@ def replay_router(store: TrafficStore, router: Any, small_path: SmallPath, query
             return router.route(messages, tools)
         return router.route(messages, tools, tried.calls, tried.confidence, tried.gave_up)
 
+    def first(messages: list[dict], tools: list[dict]) -> SmallOutput:
+        return small_path(messages, tools, give_up_below=router.confidence_floor(messages, tools))
+
     if not router.needs_small_answer:
         return replay(store, route, small_path, query, gold)
-    first = lambda m, t: small_path(m, t, give_up_below=router.confidence_floor(m, t))  # noqa: E731
     return replay(store, route, first, query, gold, small_first=True)

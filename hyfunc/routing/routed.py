@@ -210,6 +210,11 @@ class RoutedMethod:
         routing = routing or self.routing
         if not self.routable(messages, tools, routing):
             return "cascade", None
+        return self._decide(messages, tools, routing, small_answer)
+
+    def _decide(self, messages: Sequence[dict], tools: Sequence[Tool], routing: Routing,
+                small_answer: Answer | None) -> tuple[str, float | None]:
+        """The router's choice for a routable request."""
         calls = confidence = None
         if routing.router.needs_small_answer:
             if small_answer is None:
@@ -230,11 +235,12 @@ class RoutedMethod:
         routing = self.routing
         start = time.perf_counter()
         small_answer = None
-        if routing.router is not None and routing.router.needs_small_answer and self.routable(messages, tools, routing):
+        routable = self.routable(messages, tools, routing)
+        if routable and routing.router.needs_small_answer:
             # Small first: the router reads its answer, and it stops early when the router would escalate anyway.
             floor = routing.router.confidence_floor(messages, tools, routing.small.decoder.max_calls)
             small_answer = routing.small.answer(messages, tools, give_up_below=floor)
-        path, score = self.choose(messages, tools, routing, small_answer)
+        path, score = self._decide(messages, tools, routing, small_answer) if routable else ("cascade", None)
         path, explored = self._explored(path)
         route_seconds = time.perf_counter() - start - (small_answer.latency if small_answer else 0.0)
         answer = small_answer if path == "small" and small_answer is not None else (
