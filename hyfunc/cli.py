@@ -299,15 +299,6 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         print(json.dumps({"artifact": args.out, "off_topic_gate": metrics}, indent=2))
         return 0
 
-    if args.continue_bias_only:
-        from hyfunc.cascade.continue_bias import add_continue_bias
-
-        if not (Path(args.out) / MANIFEST).is_file():
-            raise InputError(f"--continue-bias-only: {args.out} is not a prepared cascade (no manifest.json)")
-        result = add_continue_bias(Path(args.out), args.data, seed=args.seed)
-        print(json.dumps({"artifact": args.out, "continue_bias": result}, indent=2))
-        return 0
-
     config = PrepareConfig(
         large_model=args.large, small_model=args.small, data=args.data, sft_epochs=args.epochs,
         lora_rank=args.lora_rank, max_examples=args.max_examples, sft_max_items=args.sft_max_items, seed=args.seed,
@@ -457,9 +448,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     prep.add_argument("--gate-only", action="store_true",
                       help="only (re)train the off-topic gate of the cascade already in --out, on --data")
-    prep.add_argument("--continue-bias-only", action="store_true",
-                      help="only (re)calibrate the decoder's bias towards another call of the cascade in --out, "
-                           "on the validation side of --data")
     prep.add_argument("--library", default=None, help="a large tool library (JSON Lines): also train its per-function retriever")
     prep.add_argument("--seed", type=int, default=0)
     prep.set_defaults(func=cmd_prepare)

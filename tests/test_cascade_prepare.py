@@ -305,28 +305,3 @@ def test_embeddings_are_cached_by_example_id(data_file, tmp_path):
     soft, functions = loaded[examples[9].id]
     assert functions.shape == (len(examples[9].tools), 48)
     assert torch.allclose(soft, encoder.encode(examples[9].query, examples[9].tools).soft_token, atol=1e-5)
-
-
-def test_continue_bias_is_calibrated_on_validation_and_recorded_in_the_manifest(data_file, tmp_path):
-    from hyfunc.cascade.continue_bias import add_continue_bias, validation_callers
-
-    large, small = tiny_backend(hidden_size=48, seed=1), tiny_backend(hidden_size=32, seed=2)
-    config = PrepareConfig(large_model="l", small_model="s", data=[str(data_file)], val_fraction=0.3, off_topic_gate=False,
-                           retriever={"proj_dim": 16, "epochs": 1}, sft_epochs=1, lora_rank=0)
-    prepare(config, tmp_path, large=large, small=small)
-    method = HyFuncMethod(large, small, Retriever.load(tmp_path / "retriever"), load_projector(tmp_path))
-    callers = validation_callers([str(data_file)], 4, val_fraction=0.3)
-    assert callers and all(ex.answers for ex in callers) and len(callers) <= 4
-    result = add_continue_bias(tmp_path, [str(data_file)], requests=4, grid=(0.0, 2.0, 50.0), method=method,
-                               val_fraction=0.3)
-    curve = {p["bias"]: p for p in result["curve"]}
-    assert sorted(curve) == [0.0, 2.0, 50.0] and result["requests"] == len(callers)
-    # the largest bias with no fewer exact answers than none
-    chosen = result["continue_bias"]
-    assert curve[chosen]["exact"] >= curve[0.0]["exact"] == result["exact_without_bias"]
-    assert all(p["exact"] < curve[0.0]["exact"] for b, p in curve.items() if b > chosen)
-    assert all(sum(v["requests"] for v in p["by_pattern"].values()) == len(callers) for p in curve.values())
-    manifest = json.loads((tmp_path / "manifest.json").read_text())
-    assert manifest["decoder"] == {"continue_bias": chosen} and manifest["metrics"]["continue_bias"]["curve"]
-    assert method.decoder.continue_bias == chosen
-    assert method.variant(CascadeOptions(), "v").decoder.continue_bias == chosen

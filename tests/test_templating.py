@@ -419,27 +419,3 @@ def test_an_array_item_repeating_an_earlier_one_is_taken_back_and_the_array_clos
     assert arguments["tags"] == [",,,"]  # the second ",,," was taken back and the array closed
     assert len(arguments["counts"]) == 5  # numbers may repeat on purpose: no guard, up to the cap
     assert out.text == json.dumps([{"name": "tag", "arguments": arguments}])
-
-
-def test_continue_bias_moves_the_choice_of_another_call_by_exactly_its_offset(backend):
-    comma = [i for i in range(len(backend.tokenizer)) if backend.decode([i]).startswith(",")]
-    close = ids_of(backend, "]")
-
-    def margin(logits, pos):  # after each call: "]" leads going on by 3
-        logits[torch.tensor(comma)] = 7.0
-        logits[torch.tensor(close)] = 10.0
-        return logits
-
-    tools = TOOLS[1:2]  # "get", no arguments: another call can only repeat the first
-
-    def decode(continue_bias):
-        w = Wrapped(backend, margin)
-        out = TemplateDecoder(w, continue_bias=continue_bias).decode(w.start("Get it."), tools, require_call=True)
-        check_output(backend, out, tools)
-        assert out.text == '[{"name": "get", "arguments": {}}]'
-        return out
-
-    assert decode(0.0).rewinds == decode(2.9).rewinds == 0
-    assert decode(3.1).rewinds == 1  # past the margin it went on; the repeat guard took the call back
-    with pytest.raises(ValueError):
-        TemplateDecoder(backend, continue_bias=math.inf)

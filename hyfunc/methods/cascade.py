@@ -10,7 +10,7 @@ Per request:
 
 An artifact directory (written by `hyfunc prepare`) holds what was trained::
 
-    manifest.json        models, data hash, hyper-parameters, metrics; "decoder": {"continue_bias"}
+    manifest.json        models, data hash, hyper-parameters, metrics
     retriever/           manifest.json + retriever.safetensors
     projector.safetensors, projector.json
     adapter/             LoRA adapter of the small model (peft), optional
@@ -154,7 +154,6 @@ class HyFuncMethod:
             self.gate,
         )
         variant.artifact = self.artifact
-        variant.decoder.continue_bias = self.decoder.continue_bias
         return variant
 
     @classmethod
@@ -180,7 +179,6 @@ class HyFuncMethod:
         method = cls(large, small, retriever, projector, options, name=f"hyfunc:{directory.name}",
                      library_retriever=library_retriever, gate=gate)
         method.artifact = directory
-        method.decoder.continue_bias = float(manifest.get("decoder", {}).get("continue_bias", 0.0))
         # The decoder's vocabulary tables take about a second to build: at load, not in the first request.
         method.decoder.vocab(int(small.forward(ids=small.encode("[")).logits.shape[-1]))
         return method
@@ -198,7 +196,6 @@ class HyFuncMethod:
             "retriever": asdict(self.retriever.config),
             "library_retriever": self.library_retriever is not None,
             "off_topic_gate": asdict(self.gate.config) if self.gate is not None else None,
-            "continue_bias": self.decoder.continue_bias,
             "max_prompt_tools": self.MAX_PROMPT_TOOLS,
         }
 

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -51,12 +50,7 @@ class TemplateDecoder:
         max_any_depth: int = 2,
         max_draft_tokens: int = 24,
         stop_on_repeat: bool = True,
-        continue_bias: float = 0.0,
     ):
-        """`continue_bias`: added to the logit of going on to another call after each call (not
-        of the first call): the small model stops too early on parallel requests; the repeat
-        guard ends a list that goes on with a word-for-word repeat. Calibrated per artifact
-        (`calibrate_continue_bias`)."""
         if max_calls < 1:
             raise ValueError("max_calls must be >= 1")
         self.backend = backend
@@ -67,9 +61,6 @@ class TemplateDecoder:
         self.max_any_depth = max_any_depth
         self.max_draft_tokens = max_draft_tokens
         self.stop_on_repeat = stop_on_repeat
-        if not math.isfinite(continue_bias):
-            raise ValueError("continue_bias must be finite")
-        self.continue_bias = continue_bias
         self._vocab: Vocab | None = None
 
     def vocab(self, size: int | None = None) -> Vocab:

@@ -276,11 +276,8 @@ class Session:
                     return t
         raise TemplateError(f"no allowed token can start {target!r}")
 
-    def step(
-        self, allowed: torch.Tensor | list[int], target: str | None = None, offsets: torch.Tensor | None = None
-    ) -> str:
-        """Emit one token from `allowed` (a bool mask or a list of ids); returns its text.
-        `offsets` (with a list only): added to the allowed tokens' logits before the choice."""
+    def step(self, allowed: torch.Tensor | list[int], target: str | None = None) -> str:
+        """Emit one token from `allowed` (a bool mask or a list of ids); returns its text."""
         self._flush_text()
         if self.teacher:
             assert target is not None
@@ -296,8 +293,6 @@ class Session:
                 if not allowed:
                     raise RuntimeError("no allowed token")
                 masked = torch.nan_to_num(logits[torch.tensor(allowed)], nan=-math.inf)
-                if offsets is not None:
-                    masked = masked + offsets
                 tid = allowed[int(torch.argmax(masked))]
             # The model's own confidence: the chosen token's probability among the allowed ones
             # (the lowest over the output is what a router reads; hyfunc.routing.features).
@@ -357,13 +352,11 @@ class Session:
         gold: int | None = None,
         guesses: Sequence[int] = (),
         after: Sequence[Follow] = (),
-        bias: Sequence[float] | None = None,
     ) -> int:
         """Pick one of `options` (distinct, non-empty strings), emitting it; returns its index.
         `guesses`: the options the model will likely pick, most likely first, with `after` what
         the decoder feeds after each option: a pass that decides runs the first guess still
-        possible, with its `after`, as a draft. `bias`: per option, a logit offset for the tokens
-        that start it (model mode; a token starting several options gets the largest)."""
+        possible, with its `after`, as a draft."""
         if len(set(options)) != len(options) or not all(options):
             raise ValueError(f"options must be distinct and non-empty: {options!r}")
         if self.teacher and gold is None:
@@ -393,13 +386,8 @@ class Session:
             guess = next((g for g in guesses if options[g].startswith(text)), None) if not self.teacher else None
             if guess is not None:
                 self.choice_draft = self.choice_path(options, text, guess, after[guess] if after else DECISION)
-            offsets = None
-            if bias is not None and not self.teacher:
-                offsets = torch.tensor([
-                    max(bias[i] for i in live if options[i][len(text):].startswith(self.vocab.strings[t])) for t in cand
-                ])
             try:
-                text += self.step(cand, target, offsets)
+                text += self.step(cand, target)
             finally:
                 self.choice_draft = []
 

@@ -106,8 +106,7 @@ class Walker:
             before_separator = s.mark() if not self.teacher else None
             hold = s.hold(before_separator, written) if guard else None
             gold_choice = (0 if n < len(gold) else 1) if self.teacher else None
-            bias = [self.dec.continue_bias, 0.0] if self.dec.continue_bias else None
-            if s.choose(separator, gold_choice, (0, 1) if more else (1, 0), [upcoming, DECISION], bias) == 1:
+            if s.choose(separator, gold_choice, (0, 1) if more else (1, 0), [upcoming, DECISION]) == 1:
                 s.release(hold)
                 return
 
