@@ -2,8 +2,8 @@
 
     python scripts/per_language.py OUT LABEL=RUN_DIR [LABEL=RUN_DIR ...]
 
-Each RUN_DIR holds a `cases.jsonl` written by `hyfunc eval bfcl`; the questions are read from the installed
-bfcl-eval data. A request's script is that of most of its letters; Latin requests with letters outside ASCII
+Each RUN_DIR holds a `cases.jsonl` written by `hyfunc eval bfcl`; the questions are read with
+`hyfunc.eval.bfcl.load_cases` (the installed bfcl-eval data). A request's script is that of most of its letters; Latin requests with letters outside ASCII
 (Spanish, Portuguese, French, ...) are counted apart. Writes OUT/per_language.{json,md,png}.
 """
 from __future__ import annotations
@@ -14,26 +14,22 @@ import sys
 import unicodedata
 from pathlib import Path
 
-import bfcl_eval
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from hyfunc.eval.bfcl import load_cases  # noqa: E402
+
 SCRIPTS = ("CJK", "HANGUL", "HIRAGANA", "KATAKANA", "CYRILLIC", "ARABIC", "HEBREW", "THAI", "DEVANAGARI", "LATIN")
 
 
-def questions() -> dict[str, str]:
-    """id -> the text of its user turns, for every single-turn question file of bfcl-eval."""
+def questions(cases: dict[str, dict]) -> dict[str, str]:
+    """id -> the text of its user turns, for the cases' categories (`hyfunc.eval.bfcl.load_cases`)."""
     out = {}
-    for path in sorted((Path(bfcl_eval.__file__).parent / "data").glob("BFCL_v*.json")):
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                row = json.loads(line)
-            except ValueError:
-                break  # not a JSON Lines question file
-            turns = row.get("question") or []
-            out[row["id"]] = " ".join(m.get("content", "") for turn in turns for m in turn if m.get("role") == "user")
+    for category in {row["category"] for row in cases.values()}:
+        for case in load_cases(category):
+            out[case.id] = " ".join(m["content"] for m in case.messages if m["role"] == "user")
     return out
 
 
@@ -52,9 +48,9 @@ def script_of(text: str) -> str:
 
 
 def main(out: Path, runs: dict[str, Path]) -> None:
-    text = questions()
     cases = {label: {r["id"]: r for r in map(json.loads, (d / "cases.jsonl").read_text().splitlines())}
              for label, d in runs.items()}
+    text = questions(next(iter(cases.values())))
     ids = sorted(set.intersection(*(set(c) for c in cases.values())))
     groups: dict[str, list[str]] = collections.defaultdict(list)
     for i in ids:
