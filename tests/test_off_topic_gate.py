@@ -98,6 +98,38 @@ def test_router_sends_suspected_small_talk_to_the_cascade(embedder: MiniLMEmbedd
     assert routed.answer(JOKE, tools).details["refused_by"] == "off_topic_gate"
 
 
+class CountingEmbedder:
+    """MiniLM, counting the texts it embeds."""
+
+    def __init__(self, inner: MiniLMEmbedder):
+        self.inner, self.name, self.texts = inner, inner.name, 0
+
+    def embed(self, texts):
+        self.texts += len(texts)
+        return self.inner.embed(texts)
+
+
+def test_tool_vectors_are_embedded_once_when_gate_router_and_selectors_share_minilm(embedder: MiniLMEmbedder) -> None:
+    from hyfunc.cascade.selector import ToolSelector, identity_selector
+    from hyfunc.routing.routed import RoutedMethod, Routing, SharedEmbedder
+    from tests.odia_fixtures import length_router
+
+    tools = parse_tools(TOOLS)
+    own = CountingEmbedder(embedder)
+    cascade = tiny_cascade()
+    cascade.gate = _gate(-2.0, -1.0, own)
+    cascade.gate.suspects("what is the weather in Paris?", tools)
+    assert own.texts == 1 + len(tools)
+    shared_inner = CountingEmbedder(embedder)
+    shared = SharedEmbedder(shared_inner)
+    RoutedMethod(cascade, Routing(router=length_router(threshold=-1e9), small=cascade, version="v"), shared)
+    cascade.gate.suspects("what is the weather in Rome?", tools)
+    selectors = [ToolSelector(identity_selector(), shared) for _ in range(2)]  # e.g. the champion's and a candidate's
+    for selector in selectors:
+        selector.select("what is the weather in Rome?", tools)
+    assert shared_inner.texts == 1  # the request once; the tools were embedded before sharing
+
+
 def test_gate_rates_count_each_detector(embedder: MiniLMEmbedder) -> None:
     from hyfunc.cascade.off_topic import GateData
 

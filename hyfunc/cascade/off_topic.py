@@ -35,7 +35,7 @@ from tqdm.auto import tqdm
 
 from hyfunc.cascade.data import Example, off_topic_requests, split_examples
 from hyfunc.cascade.manifest import read_manifest, write_manifest
-from hyfunc.cascade.selector import ToolVectors
+from hyfunc.cascade.selector import ToolVectors, tool_vectors_for
 from hyfunc.formats.schema import Tool
 from hyfunc.models.minilm import MINILM_NAME, Embedder, MiniLMEmbedder
 
@@ -67,8 +67,11 @@ class OffTopicGate:
 
     def share_embedder(self, embedder: Embedder) -> None:
         """Embed with `embedder` (e.g. the router's SharedEmbedder, so a routed request is embedded once)."""
+        previous: ToolVectors | None = getattr(self, "tool_vectors", None)
         self.embedder: Embedder = embedder
-        self.tool_vectors = ToolVectors(embedder)  # cached by schema: a server sees the same tools again
+        self.tool_vectors = tool_vectors_for(embedder)  # cached by schema: a server sees the same tools again
+        if previous is not None and getattr(previous.embedder, "name", None) == getattr(embedder, "name", None):
+            self.tool_vectors.adopt(previous)  # same model: a library embedded before sharing is not embedded again
 
     @torch.no_grad()
     def best_cosine(self, request: str, tools: Sequence[Tool]) -> float:

@@ -16,6 +16,7 @@ A selector directory is a saved `Retriever` (manifest.json + retriever.safetenso
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections import OrderedDict
 from pathlib import Path
@@ -49,11 +50,13 @@ def default_selector_dir() -> Path:
 
 class ToolVectors:
     """MiniLM vectors of tools, cached by the tool's schema (a server sees the same tools again
-    and again); least recently used entries go past `capacity`."""
+    and again); least recently used entries go past `capacity`. Thread-safe: the gate, the
+    router's selector and a cycle's candidate may share one cache (`tool_vectors_for`)."""
 
     def __init__(self, embedder: Embedder, capacity: int = 100_000):
         self.embedder, self.capacity = embedder, capacity
         self._cache: OrderedDict[str, torch.Tensor] = OrderedDict()
+        self._lock = threading.Lock()
 
     @staticmethod
     def key(tool: Tool) -> str:
@@ -61,18 +64,35 @@ class ToolVectors:
 
     def __call__(self, tools: Sequence[Tool]) -> torch.Tensor:
         keys = [self.key(t) for t in tools]
-        missing = list(dict.fromkeys(k for k in keys if k not in self._cache))
-        if missing:
-            by_key = {self.key(t): t for t in tools}
-            vectors = torch.from_numpy(self.embedder.embed([tool_text(by_key[k]) for k in missing])).float()
-            for k, v in zip(missing, vectors):
-                self._cache[k] = v
-        for k in keys:
-            self._cache.move_to_end(k)
-        out = torch.stack([self._cache[k] for k in keys]) if keys else torch.empty(0, 0)
-        while len(self._cache) > self.capacity:
-            self._cache.popitem(last=False)
-        return out
+        with self._lock:
+            missing = list(dict.fromkeys(k for k in keys if k not in self._cache))
+            if missing:
+                by_key = {self.key(t): t for t in tools}
+                vectors = torch.from_numpy(self.embedder.embed([tool_text(by_key[k]) for k in missing])).float()
+                for k, v in zip(missing, vectors):
+                    self._cache[k] = v
+            for k in keys:
+                self._cache.move_to_end(k)
+            out = torch.stack([self._cache[k] for k in keys]) if keys else torch.empty(0, 0)
+            while len(self._cache) > self.capacity:
+                self._cache.popitem(last=False)
+            return out
+
+    def adopt(self, other: "ToolVectors") -> None:
+        """Take `other`'s vectors (computed by the same model) that this cache lacks."""
+        with other._lock:
+            entries = list(other._cache.items())
+        with self._lock:
+            for k, v in entries:
+                self._cache.setdefault(k, v)
+
+
+def tool_vectors_for(embedder: Embedder) -> ToolVectors:
+    """The embedder's own tool-vector cache when it carries one (the routing's SharedEmbedder:
+    a 4,000-tool library is then embedded once per process, not once per gate, selector and
+    version), else a new cache."""
+    shared = getattr(embedder, "tool_vectors", None)
+    return shared if isinstance(shared, ToolVectors) else ToolVectors(embedder)
 
 
 def identity_selector(dim: int = MiniLMEmbedder.dim) -> Retriever:
@@ -141,7 +161,7 @@ class ToolSelector:
             raise ValueError(f"selector was calibrated on {name} vectors, not {getattr(embedder, 'name', None)}")
         self.retriever = retriever.eval()
         self.embedder: Embedder = embedder or MiniLMEmbedder()
-        self.vectors = ToolVectors(self.embedder)
+        self.vectors = tool_vectors_for(self.embedder)
         self._index: tuple[str, LexicalIndex] | None = None  # the last long list's BM25 index
 
     @classmethod

@@ -27,7 +27,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from hyfunc.cascade.selector import ToolSelector
+from hyfunc.cascade.selector import ToolSelector, ToolVectors
 from hyfunc.formats.messages import request_text
 from hyfunc.formats.schema import Tool
 from hyfunc.methods.base import Answer
@@ -43,12 +43,14 @@ SMALL_FIRST = "small_first"  # the server's path for a router that reads the sma
 
 class SharedEmbedder:
     """One MiniLM for the router and the selector, which embed the same request text: the last
-    texts' vectors are kept, so a routed request is embedded once. Thread-safe: the server's
+    texts' vectors are kept, so a routed request is embedded once; and one tool-vector cache for
+    the gate and every version's selector. Thread-safe: the server's
     router runs in the event loop while the small path runs on the model worker."""
 
     def __init__(self, embedder: Embedder | None = None, size: int = 256):
         self.inner = embedder or MiniLMEmbedder()
         self.name = self.inner.name
+        self.tool_vectors = ToolVectors(self.inner)  # one cache for every gate and selector embedding with it
         self._memo: OrderedDict[str, np.ndarray] = OrderedDict()
         self._size = size
         self._lock = threading.Lock()
