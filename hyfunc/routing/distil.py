@@ -13,9 +13,12 @@ started from the current small model's adapter (the champion's, or the cascade's
 """
 from __future__ import annotations
 
+import dataclasses
+import multiprocessing
 import random
 import shutil
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -50,6 +53,7 @@ class DistilConfig:
     replay_fraction: float = 0.5  # fc-train items added per teacher item (so it does not forget)
     max_items: int | None = None  # cap on teacher items (a sample balanced by call pattern)
     seed: int = 0
+    in_child_process: bool = True  # train in a spawned process, so its memory goes back to the OS
 
 
 def teacher_example(stored: StoredRequest) -> Example | None:
@@ -82,21 +86,31 @@ def replay_examples(data: Sequence[str], n: int, seed: int) -> list[Example]:
     return sample_by_pattern(callers, n, seed) if n < len(callers) else callers
 
 
-def distil_items(examples: Sequence[Example], small: Backend, selector: ToolSelector) -> tuple[list[SFTItem], int]:
-    """(items, examples skipped because the templates cannot write their calls)."""
-    decoder = TemplateDecoder(small)
-    items: list[SFTItem] = []
-    skipped = 0
+def narrowed(examples: Sequence[Example], selector: ToolSelector) -> list[Example]:
+    """Each example with the tools the small path will read: the selector's, plus any tool the
+    answer calls that it missed (so the target is always writable)."""
+    out = []
     for ex in examples:
         gold = {c.name for c in ex.answers}
         selected = set(selector.select(ex.query, ex.tools))
         tools = [t for i, t in enumerate(ex.tools) if i in selected or t.name in gold]
+        out.append(dataclasses.replace(ex, tools=tools))
+    return out
+
+
+def distil_items(examples: Sequence[Example], small: Backend) -> tuple[list[SFTItem], int]:
+    """(items, examples skipped because the templates cannot write their calls); `examples` are
+    already `narrowed`."""
+    decoder = TemplateDecoder(small)
+    items: list[SFTItem] = []
+    skipped = 0
+    for ex in examples:
         try:
-            ids, mask = target_token_mask(small, ex.answers, tools, decoder)
+            ids, mask = target_token_mask(small, ex.answers, ex.tools, decoder)
         except TemplateError:
             skipped += 1
             continue
-        prompt = build_small_prompt(small, ex.query, tools, with_soft_token=False)
+        prompt = build_small_prompt(small, ex.query, ex.tools, with_soft_token=False)
         items.append(SFTItem(prompt, None, ids, mask, call_pattern(ex)))
     return items, skipped
 
@@ -104,16 +118,32 @@ def distil_items(examples: Sequence[Example], small: Backend, selector: ToolSele
 def distil(base_model: str, warm_adapter: Path | None, teacher: Sequence[Example], replay: Sequence[Example],
            selector: ToolSelector, out: Path, config: DistilConfig) -> dict:
     """Train a LoRA adapter of `base_model` into `out/adapter`; returns what was trained on.
-    A rerun with the same `out` resumes (train_small's per-epoch checkpoint)."""
+    A rerun with the same `out` resumes (train_small's per-epoch checkpoint).
+
+    Training runs in a child process (`config.in_child_process`): a long-lived server or
+    benchmark gets the fp32 model's and the optimizer's memory back when it exits (in-process,
+    a 0.5B SFT left the benchmark process ~1.5x slower for the rest of its life:
+    reports/odia-library). Tool selection happens here, where the selector's tool vectors are cached."""
     started = time.perf_counter()
     teacher = list(teacher)
     if config.max_items and len(teacher) > config.max_items:
         teacher = sample_by_pattern(teacher, config.max_items, config.seed)
     n_replay = min(len(replay), int(round(config.replay_fraction * len(teacher))))
     replayed = random.Random(config.seed).sample(list(replay), n_replay)
+    args = (base_model, warm_adapter, narrowed(teacher, selector), narrowed(replayed, selector), out, config)
+    if config.in_child_process:
+        with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            trained = pool.submit(_train, *args).result()
+    else:
+        trained = _train(*args)
+    return {**trained, "warm_start": str(warm_adapter) if warm_adapter else None, "seconds": time.perf_counter() - started}
+
+
+def _train(base_model: str, warm_adapter: Path | None, teacher: list[Example], replay: list[Example], out: Path,
+           config: DistilConfig) -> dict:
     small = Backend(base_model, dtype=torch.float32)  # trained in fp32, as `hyfunc prepare` does
-    items, skipped = distil_items(teacher, small, selector)
-    replay_items, replay_skipped = distil_items(replayed, small, selector)
+    items, skipped = distil_items(teacher, small)
+    replay_items, replay_skipped = distil_items(replay, small)
     if not items:
         raise InputError(f"no teacher answer to distil ({len(teacher)} examples, {skipped} not writable)")
     if warm_adapter is not None and not (out / "sft" / "state.json").is_file():
@@ -124,5 +154,4 @@ def distil(base_model: str, warm_adapter: Path | None, teacher: Sequence[Example
                                    seed=config.seed)
     _, metrics = train_small(out, small, None, items + replay_items, prepare_config)
     return {"teacher_items": len(items), "teacher_skipped": skipped, "replay_items": len(replay_items),
-            "replay_skipped": replay_skipped, "warm_start": str(warm_adapter) if warm_adapter else None,
-            "epoch_losses": metrics["epoch_losses"], "seconds": time.perf_counter() - started}
+            "replay_skipped": replay_skipped, "epoch_losses": metrics["epoch_losses"]}
