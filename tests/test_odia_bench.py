@@ -69,6 +69,9 @@ def test_bench_odia_serves_learns_and_measures(parts: dict) -> None:
     # The promoted router sends ping requests (half the held-out slice at most) to the small path.
     assert 0.0 < routed["share"] <= 0.6 and routed["agreement"] >= 0.5 and routed["latency"]["mean"] > 0
     assert second["phase_small_share"] > 0.0  # the champion served the second phase
+    # After a promotion the cascade is measured again beside the routed system, request by request.
+    assert first["cascade"]["n"] == 10 and len(first["cascade"]["latencies"]) == len(routed["latencies"]) == 10
+    assert routed["vs_cascade"]["median_of_ratios"] > 0 and result["direct"]["direct:tiny"]["vs_cascade"]["mean"] > 0
     with open_store(out / "traffic.sqlite") as store:
         stats = store.stats()
     assert stats.total == 60 and stats.by_path.get("small", 0) == round(30 * second["phase_small_share"])
@@ -76,6 +79,7 @@ def test_bench_odia_serves_learns_and_measures(parts: dict) -> None:
     paths = write_odia_report(result, out)
     md = paths["md"].read_text()
     assert "| cascade alone |" in md and "| direct:tiny |" in md and md.count("| routed |") == 2
+    assert md.count("| cascade, same stretch |") == sum("cascade" in p for p in result["cycles"]) >= 1
     assert paths["png"].stat().st_size > 10_000
 
 
@@ -85,3 +89,19 @@ def test_bench_odia_command_line_is_wired(parts: dict, capsys: pytest.CaptureFix
             "--cycle-every", "10", "--out", str(parts["root"] / "cli")]
     assert main(args) == 2
     assert "too few for this configuration" in capsys.readouterr().err
+
+
+def test_bench_odia_library_scenario_prompts_the_direct_model_with_the_selectors_tools(parts: dict) -> None:
+    """With one fixed library the direct model answers over the tools the small path's selector
+    keeps (a 4,000-tool library would not fit its prompt)."""
+    from hyfunc.formats.schema import parse_tools
+
+    cascade = HyFuncMethod.load(parts["artifact"])
+    direct = {"direct:tiny": DirectMethod(cascade.large, max_new_tokens=8)}
+    cycle = CycleConfig(target=0.9, min_requests=1000, selector=str(parts["selector"]))  # no cycle runs
+    config = OdiaBenchConfig(stream=20, cycle_every=20, held_out=6, cycle=cycle)
+    library = parse_tools(TOOLS)
+    result = run_odia_bench(cascade, parts["artifact"], direct, [str(parts["data"])], parts["root"] / "lib", config, library)
+    assert result["scenario"] == "library" and result["library_tools"] == len(library)
+    assert list(result["direct"]) == ["direct:tiny over the selector's tools"]
+    assert result["cycles"][0]["status"] == "skipped" and "cascade" not in result["cycles"][0]

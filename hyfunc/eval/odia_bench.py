@@ -9,13 +9,15 @@ same run on the same machine.
   to a fresh store (SQLite) exactly as `hyfunc serve --traffic` logs it. After each phase a
   cycle (hyfunc.routing.cycle) distils, mines, trains the router and promotes it or not.
 - Held-out slice: fc-train *validation-split* requests (never served, never trained on, also
-  held out of the cascade's own training). Measured once for the cascade and the direct large
-  model, then after every cycle for the routed champion: share on the small path, agreement
-  with the cascade's answers, accuracy against gold (`same_calls`), wall-clock latency (mean,
-  median, p90).
+  held out of the cascade's own training). Measured first for the cascade and the direct large
+  model, then after every promotion for the routed champion and the cascade again: share on the
+  small path, agreement with the cascade's answers, accuracy against gold (`same_calls`),
+  wall-clock latency (mean, median, p90). Systems measured together answer each request in
+  turn, so their latency ratios hold even if the machine's speed drifts over a long run.
 - Scenarios: each request with its own tools (default, quick), or one fixed library for every
   request (`--library`, e.g. ../shared/data/tool-library/sealtools.jsonl with the requests whose
-  gold tools are in it: the server case at scale).
+  gold tools are in it: the server case at scale). A library too large for a prompt is offered
+  to the direct model through the small path's tool selector (hyfunc.methods.preselected).
 """
 from __future__ import annotations
 
@@ -26,14 +28,16 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from tqdm.auto import tqdm
 
 from hyfunc.cascade.data import Example, load_examples, split_examples
+from hyfunc.cascade.selector import ToolSelector, default_selector_dir
 from hyfunc.errors import InputError
 from hyfunc.formats.calls import same_calls
 from hyfunc.formats.schema import Tool
+from hyfunc.methods.preselected import PreselectedMethod
 from hyfunc.routing.cycle import CycleConfig, run_cycle
 from hyfunc.routing.recording import RecordedMethod
 from hyfunc.routing.routed import RoutedMethod, SharedEmbedder
@@ -78,23 +82,42 @@ def _summary(latencies: list[float]) -> dict[str, float]:
             "p90": ordered[int(0.9 * (len(ordered) - 1))]}
 
 
-def measure(method: Any, examples: Sequence[Example], library: Sequence[Tool] | None,
-            reference: list[list] | None = None, desc: str = "held-out") -> dict[str, Any]:
-    """Answers, wall-clock latency, accuracy against gold and (given the cascade's answers)
-    agreement with them, and the share answered by the small path."""
-    calls, latencies, small, correct, agree = [], [], 0, 0, 0
+def measure(methods: Mapping[str, Any], examples: Sequence[Example], library: Sequence[Tool] | None,
+            reference: list[list] | None = None, desc: str = "held-out") -> dict[str, dict[str, Any]]:
+    """Each method's answers, wall-clock latency, accuracy against gold, agreement with the
+    `reference` answers (default: the first method's), and share answered by the small path.
+
+    The methods answer each request in turn, in an order that alternates from one request to
+    the next, so a drift of the machine's speed (other load, memory pressure) falls on all of
+    them alike and their latency ratios stay comparable."""
+    labels = list(methods)
+    calls: dict[str, list] = {k: [] for k in labels}
+    latencies: dict[str, list[float]] = {k: [] for k in labels}
+    small = dict.fromkeys(labels, 0)
     for i, ex in enumerate(tqdm(examples, desc=desc, unit="req")):
-        start = time.perf_counter()
-        answer = method.answer([{"role": "user", "content": ex.query}], _tools(ex, library))
-        latencies.append(time.perf_counter() - start)
-        calls.append(answer.calls)
-        small += answer.details.get("path") == "small"
-        correct += same_calls(answer.calls, ex.answers)
-        if reference is not None:
-            agree += same_calls(answer.calls, reference[i])
+        for label in (labels if i % 2 == 0 else labels[::-1]):
+            start = time.perf_counter()
+            answer = methods[label].answer([{"role": "user", "content": ex.query}], _tools(ex, library))
+            latencies[label].append(time.perf_counter() - start)
+            calls[label].append(answer.calls)
+            small[label] += answer.details.get("path") == "small"
+    reference = reference if reference is not None else calls[labels[0]]
     n = len(examples)
-    return {"n": n, "share": small / n, "accuracy": correct / n, "agreement": agree / n if reference is not None else 1.0,
-            "latency": _summary(latencies), "calls": calls}
+    out = {}
+    for label in labels:
+        out[label] = {"n": n, "share": small[label] / n,
+                      "accuracy": sum(same_calls(c, ex.answers) for c, ex in zip(calls[label], examples)) / n,
+                      "agreement": sum(same_calls(c, r) for c, r in zip(calls[label], reference)) / n,
+                      "latency": _summary(latencies[label]), "latencies": latencies[label], "calls": calls[label]}
+    return out
+
+
+def ratios(m: dict[str, Any], base: dict[str, Any]) -> dict[str, float]:
+    """Latency of `m` against `base` measured side by side: ratio of means, ratio of medians, and
+    the median of per-request ratios."""
+    return {"mean": m["latency"]["mean"] / base["latency"]["mean"],
+            "median": m["latency"]["median"] / base["latency"]["median"],
+            "median_of_ratios": statistics.median(a / b for a, b in zip(m["latencies"], base["latencies"]))}
 
 
 def run_odia_bench(cascade: Any, artifact: str | Path, direct: dict[str, Any], data: Sequence[str],
@@ -104,15 +127,22 @@ def run_odia_bench(cascade: Any, artifact: str | Path, direct: dict[str, Any], d
     stream, held = scenario(data, library, config)
     if len(stream) < config.cycle_every or not held:
         raise InputError(f"{len(stream)} stream and {len(held)} held-out requests: too few for this configuration")
+    embedder = SharedEmbedder()
+    direct = dict(direct)
     if library is not None:
-        for method in [cascade, *direct.values()]:
-            if hasattr(method, "use_library"):
-                method.use_library(library)
+        cascade.use_library(library)
+        for label, method in list(direct.items()):
+            # The library does not fit a prompt: the large model answers over the tools the small
+            # path's selector keeps (retrieve, then prompt), the baseline a user would build.
+            selector = ToolSelector.load(config.cycle.selector or default_selector_dir(), embedder)
+            del direct[label]
+            direct[f"{label} over the selector's tools"] = PreselectedMethod(method, selector)
     store_path = out / "traffic.sqlite"
     for leftover in out.glob("traffic.sqlite*"):
         leftover.unlink()  # a fresh log: the simulation starts with no traffic
     versions = Versions(out / "odia")
-    baseline = measure(cascade, held, library, desc="held-out: cascade")
+    first = measure({"cascade": cascade, **direct}, held, library, desc="held-out: cascade and direct")
+    baseline = first.pop("cascade")
     reference = baseline.pop("calls")
     result: dict[str, Any] = {
         "config": {**asdict(config), "cycle": {**asdict(config.cycle), "gate": asdict(config.cycle.gate)}},
@@ -121,11 +151,9 @@ def run_odia_bench(cascade: Any, artifact: str | Path, direct: dict[str, Any], d
         "stream": len(stream), "held_out": len(held), "cascade": baseline, "direct": {}, "cycles": [],
         "command": list(sys.argv),
     }
-    for label, method in direct.items():
-        m = measure(method, held, library, reference, desc=f"held-out: {label}")
+    for label, m in first.items():
         m.pop("calls")
-        result["direct"][label] = m
-    embedder = SharedEmbedder()
+        result["direct"][label] = m | {"vs_cascade": ratios(m, baseline)}
     log = TrafficLog(store_path, flush_interval=0.05)
     routed: RoutedMethod | None = None
     served = 0
@@ -151,10 +179,14 @@ def run_odia_bench(cascade: Any, artifact: str | Path, direct: dict[str, Any], d
                                      "cycle_seconds": report.seconds, "window": report.window}
             if routed is not None:
                 explore, routed.explore = routed.explore, 0.0  # measured as it serves, without exploration
-                m = measure(routed, held, library, reference, desc=f"held-out: routed after {served}")
+                # The cascade again, side by side: only ratios measured in one stretch are compared.
+                now = measure({"routed": routed, "cascade": cascade}, held, library, reference,
+                              desc=f"held-out: routed and cascade after {served}")
                 routed.explore = explore
-                m.pop("calls")
-                point["routed"] = m
+                for m in now.values():
+                    m.pop("calls")
+                point["routed"] = now["routed"] | {"vs_cascade": ratios(now["routed"], now["cascade"])}
+                point["cascade"] = now["cascade"]
             else:
                 point["routed"] = {k: v for k, v in baseline.items()} | {"share": 0.0, "agreement": 1.0}
             result["cycles"].append(point)
@@ -184,19 +216,24 @@ def write_odia_report(result: dict, out: str | Path) -> dict[str, Path]:
         + f". {result['stream']} fc-train requests served (train split), a cycle every "
         f"{result['config']['cycle_every']}; measured on {result['held_out']} held-out requests (validation split). "
         "Agreement: same calls as the cascade; accuracy: same calls as gold. Latency: wall clock per request, ms.", "",
-        "| system | served | cycle | small path % | agreement % | accuracy % | mean | median | p90 |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|",
-        f"| cascade alone | | | 0.0 | 100.0 | {100 * cascade['accuracy']:.1f} | {ms(cascade, 'mean')} | "
-        f"{ms(cascade, 'median')} | {ms(cascade, 'p90')} |",
+        "| system | served | cycle | small path % | agreement % | accuracy % | mean | median | p90 | ÷ cascade |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---|",
     ]
-    for label, m in result["direct"].items():
-        lines.append(f"| {label} | | | | {100 * m['agreement']:.1f} | {100 * m['accuracy']:.1f} | {ms(m, 'mean')} | "
-                     f"{ms(m, 'median')} | {ms(m, 'p90')} |")
+
+    def row(system: str, m: dict, served: Any = "", status: str = "") -> str:
+        ratio = m.get("vs_cascade")
+        versus = (f"{ratio['mean']:.2f} / {ratio['median']:.2f} / {ratio['median_of_ratios']:.2f}" if ratio else "")
+        return (f"| {system} | {served} | {status} | {100 * m['share']:.1f} | {100 * m['agreement']:.1f} | "
+                f"{100 * m['accuracy']:.1f} | {ms(m, 'mean')} | {ms(m, 'median')} | {ms(m, 'p90')} | {versus} |")
+
+    lines.append(row("cascade alone", cascade))
+    lines += [row(label, m) for label, m in result["direct"].items()]
     for point in cycles:
-        m = point["routed"]
-        lines.append(f"| routed | {point['served']} | {point['status']} | {100 * m['share']:.1f} | "
-                     f"{100 * m['agreement']:.1f} | {100 * m['accuracy']:.1f} | {ms(m, 'mean')} | {ms(m, 'median')} | "
-                     f"{ms(m, 'p90')} |")
+        lines.append(row("routed", point["routed"], point["served"], point["status"]))
+        if "cascade" in point:
+            lines.append(row("cascade, same stretch", point["cascade"], point["served"]))
+    lines += ["", "÷ cascade: latency against the cascade measured side by side in the same stretch (each request "
+              "answered by both in turn): ratio of means / ratio of medians / median of per-request ratios."]
     lines += ["", "Cycles:"] + [f"- after {p['served']}: {p['status']} {p['version'] or ''} ({p['cycle_seconds']:.0f} s): "
                                 + "; ".join(p["reasons"]) for p in cycles]
     paths["md"].write_text("\n".join(lines) + "\n")
@@ -213,9 +250,10 @@ def write_odia_report(result: dict, out: str | Path) -> dict[str, Path]:
     left.set_ylim(0, 105)
     left.legend(fontsize=8)
     left.grid(alpha=0.3)
+    cascades = [cascade] + [p.get("cascade", cascade) for p in cycles]  # re-measured beside the routed system
     for key, style in (("mean", "o-"), ("median", "s--")):
         right.plot(served, [1000 * m["latency"][key] for m in routed], style, label=f"routed, {key}")
-        right.axhline(1000 * cascade["latency"][key], color="gray", linestyle=style[1:], label=f"cascade, {key}")
+        right.plot(served, [1000 * m["latency"][key] for m in cascades], style, color="gray", label=f"cascade, {key}")
         for label, m in result["direct"].items():
             right.axhline(1000 * m["latency"][key], color="red", linestyle=style[1:], label=f"{label}, {key}")
     right.set_xlabel("requests served")
