@@ -128,6 +128,8 @@ def run_odia_bench(cascade: Any, artifact: str | Path, direct: dict[str, Any], d
     if len(stream) < config.cycle_every or not held:
         raise InputError(f"{len(stream)} stream and {len(held)} held-out requests: too few for this configuration")
     embedder = SharedEmbedder()
+    if getattr(cascade, "gate", None) is not None:
+        cascade.gate.share_embedder(embedder)  # one MiniLM and one tool-vector cache for every system here
     direct = dict(direct)
     if library is not None:
         cascade.use_library(library)
