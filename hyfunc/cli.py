@@ -30,6 +30,9 @@ from hyfunc.models.engines import DEFAULT_ENGINE, ENGINES, check_engine, resolve
 from hyfunc.models.registry import DEFAULT_LARGE, DEFAULT_MODELS, DEFAULT_SMALL
 from hyfunc.progress import steps
 
+# The cascade's switchable stages (hyfunc.methods.cascade.CascadeOptions; not imported here: torch).
+ABLATABLE = ["soft_token", "retriever", "templating", "off_topic_gate", "large_values"]
+
 #: Errors that are the user's to fix: printed as one line, exit status 2. Anything else is a bug
 #: and keeps its traceback. A missing file named on the command line is the user's too.
 USER_ERRORS = (UserError, FileNotFoundError)
@@ -41,7 +44,7 @@ def _add_method_args(parser: argparse.ArgumentParser, prefix_caching: bool) -> N
         "--artifact", help="cascade directory made by `hyfunc prepare` (method hyfunc; default: the shipped one)"
     )
     parser.add_argument(
-        "--ablate", nargs="+", default=[], choices=["soft_token", "retriever", "templating", "off_topic_gate"],
+        "--ablate", nargs="+", default=[], choices=ABLATABLE,
         help="switch cascade stages off (method hyfunc)",
     )
     # No defaults here: an option given with a method it does not apply to is refused (cli_checks).
@@ -384,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
         "ARTIFACT@LARGE_ENGINE,SMALL_ENGINE ('shipped' = the shipped one)",
     )
     bfcl.add_argument(
-        "--ablations", nargs="+", default=[], choices=["soft_token", "retriever", "templating", "off_topic_gate"],
+        "--ablations", nargs="+", default=[], choices=ABLATABLE,
         help="also run the cascade with each of these stages switched off (one variant per stage)",
     )
     bfcl.set_defaults(func=cmd_eval_bfcl)

@@ -135,7 +135,16 @@ def test_eval_bfcl_cascade_records_its_config_and_artifact(cascade_dir, tmp_path
     meta = json.loads((out / "results.json").read_text())["meta"]
     assert meta["method_config"]["artifact"] == str(cascade_dir)
     assert meta["method_config"]["options"] == {"soft_token": True, "retriever": True, "templating": True,
-                                                "off_topic_gate": True}
+                                                "off_topic_gate": True, "large_values": True}
     assert set(meta["provenance"]["models"]) == {meta["method_config"]["large_model"], meta["method_config"]["small_model"]}
     (record,) = meta["provenance"]["artifacts"].values()
     assert len(record["manifest_sha256"]) == 64
+
+
+def test_cli_ablations_are_the_cascades_switches():
+    from dataclasses import fields
+
+    from hyfunc.cli import ABLATABLE
+    from hyfunc.methods.cascade import CascadeOptions
+
+    assert ABLATABLE == [f.name for f in fields(CascadeOptions)]

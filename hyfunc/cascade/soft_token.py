@@ -37,6 +37,7 @@ import torch
 
 from hyfunc.formats.schema import Tool, parse_tools
 from hyfunc.models.backend import Backend
+from hyfunc.models.base import StepOutput
 
 INSTRUCTION = (
     "You are an expert in composing function calls. You are given a request and a set of possible "
@@ -75,6 +76,9 @@ class Encoding:
     input_tokens: int  # tokens run through the model by this call (the suffix only when cached)
     seconds: float
     cached_tokens: int = 0  # prompt tokens taken from a LibraryCache instead of being run
+    # The pass's last step (next-token logits, KV cache) when the prompt held the tools (joint
+    # mode): the large model can go on writing from it (large_values.py). Fork before extending.
+    state: StepOutput | None = None
 
 
 @dataclass
@@ -174,6 +178,7 @@ class SoftTokenEncoder:
             function_embeddings=self._pool(step.hidden, layout.spans),
             input_tokens=len(layout.ids),
             seconds=time.perf_counter() - start,
+            state=StepOutput(step.logits, None, step.cache),
         )
 
     def build_library(self, tools: ToolsLike) -> LibraryCache:
@@ -204,6 +209,7 @@ class SoftTokenEncoder:
             input_tokens=len(suffix),
             seconds=time.perf_counter() - start,
             cached_tokens=len(library.prefix_ids),
+            state=StepOutput(step.logits, None, step.cache) if library.tools else None,
         )
 
     # -- per-function mode: libraries too large for one prompt ------------------------------

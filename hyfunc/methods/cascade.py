@@ -6,7 +6,9 @@ Per request:
   2. the retriever keeps the relevant tools, or none ("no tool fits" -> no call), by the soft
      token's cosine with each tool plus a weighted lexical score of the request (lexical.py);
   3. the small model reads [instruction + retrieved tools + request + projected soft token] and
-     the templating decoder writes the call list, generating only what the schemas leave open.
+     the templating decoder writes the call list, generating only what the schemas leave open;
+     free string values are written by the large model, continuing its state of step 1 with the
+     answer so far (when step 1 read the tools; large_values.py).
 
 An artifact directory (written by `hyfunc prepare`) holds what was trained::
 
@@ -30,6 +32,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from hyfunc.cascade.large_values import LargeValueWriter
 from hyfunc.cascade.lexical import lexical_scores
 from hyfunc.cascade.library import PerFunctionLibrary
 from hyfunc.cascade.manifest import MANIFEST
@@ -65,6 +68,9 @@ class CascadeOptions:
     retriever: bool = True  # False: the small model sees every offered tool
     templating: bool = True  # False: free greedy decoding of the call text, then parsed
     off_topic_gate: bool = True  # refuse small talk with the artifact's off-topic gate, if it has one
+    # Free string values written by the large model from its state after its pass (when that
+    # pass read the tools), the rest by the small model (cascade/large_values.py).
+    large_values: bool = True
 
 
 @dataclass
@@ -332,12 +338,20 @@ class HyFuncMethod:
             answer.cached_tokens += reused
             timings["small_prefill"] = time.perf_counter() - start
             start = time.perf_counter()
+            writer = None
+            if self.options.large_values and encoding.state is not None:
+                writer = LargeValueWriter(self.large, encoding.state)
             # "No tool fits" is the retriever's decision: once it has selected tools, the small
             # model writes at least one call (left to choose, it refused far too often).
             out = self.decoder.decode(
-                step, selected, require_call=self.options.retriever, draft_source=request, on_text=on_text
+                step, selected, require_call=self.options.retriever, draft_source=request, on_text=on_text,
+                write_value=writer,
             )
             timings["small_decode"] = time.perf_counter() - start
+            if writer is not None:
+                timings["small_decode"] -= writer.seconds
+                timings["large_values"] = writer.seconds
+                answer.details["large_values"] = {"values": writer.values, "tokens": writer.tokens}
             answer.calls, answer.raw_text = out.calls, out.text
             answer.output_tokens, answer.injected_tokens = out.generated_tokens, out.injected_tokens
             answer.details["small_forward_passes"] = out.forward_calls

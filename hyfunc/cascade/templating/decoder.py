@@ -73,6 +73,7 @@ class TemplateDecoder:
     def decode(
         self, step: StepOutput, tools: Sequence[Tool], require_call: bool = False, draft_source: str = "",
         on_text: Callable[[str], None] | None = None, give_up_below: float = 0.0,
+        write_value: Callable[[str], str | None] | None = None,
     ) -> TemplatedOutput:
         """`require_call`: at least one call when `tools` is not empty (the caller has already
         decided that a tool fits, e.g. the retriever); otherwise ``[]`` is the model's choice.
@@ -82,11 +83,13 @@ class TemplateDecoder:
         soon as it is final (see `Session`: text the repeat guard may still take back waits);
         the pieces concatenate to `TemplatedOutput.text`. Engine-independent: it sees text only.
         `give_up_below`: stop, with no calls and `gave_up`, as soon as a generated token's
-        probability falls below it (`session.GaveUp`)."""
+        probability falls below it (`session.GaveUp`).
+        `write_value`: given the text so far up to a string argument's opening quote, its content
+        (written by another model, injected here), or None to let this model write it."""
         start = time.perf_counter()
         vocab = self.vocab(int(step.logits.shape[-1]))
         session = Session(self, vocab, step, teacher=False, draft_source=draft_source, on_text=on_text,
-                          give_up_below=give_up_below)
+                          give_up_below=give_up_below, write_value=write_value)
         gave_up = False
         try:
             Walker(self, session, require_call).calls(list(tools), None)

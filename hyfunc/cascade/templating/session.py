@@ -62,8 +62,12 @@ class Session:
     def __init__(
         self, dec: TemplateDecoder, vocab: Vocab, step: StepOutput | None, teacher: bool, draft_source: str = "",
         on_text: Callable[[str], None] | None = None, give_up_below: float = 0.0,
+        write_value: Callable[[str], str | None] | None = None,
     ):
         self.dec = dec
+        # Writes a string argument's content given the text so far (up to its opening quote), or
+        # returns None to leave it to the model (the cascade's large model: large_values.py).
+        self.write_value = None if teacher else write_value
         self.give_up_below = give_up_below  # see GaveUp
         self.vocab = vocab
         self.teacher = teacher

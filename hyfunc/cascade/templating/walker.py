@@ -269,7 +269,7 @@ class Walker:
         if self.teacher and not TYPE_CHECKS[p.type](gold):
             raise TemplateError(f"{where}: expected {p.type}, got {gold!r}")
         if p.type == "string":
-            self.string(gold, follow)
+            self.string(gold, follow, value=True)
         elif p.type in ("integer", "number"):
             self.number(p.type == "integer", gold, where, follow)
         elif p.type == "array":
@@ -277,9 +277,16 @@ class Walker:
         else:
             self.object_props(p.properties, p.required, gold, where, follow)
 
-    def string(self, gold: Any, follow: Follow = DECISION) -> None:
+    def string(self, gold: Any, follow: Follow = DECISION, value: bool = False) -> None:
+        """`value`: an argument's value (not an object key), which the session's `write_value`
+        (the large model) may write instead of the model."""
         s, v = self.s, self.v
         s.inject('"')
+        if value and s.write_value is not None:
+            written = s.write_value(s.text)
+            if written is not None:
+                s.inject(dumps(written)[1:])  # the content and the closing quote
+                return
         target = dumps(gold)[1:] if self.teacher else None  # content + closing quote
         n, state = 0, 0
         with s.drafting("string", follow):
