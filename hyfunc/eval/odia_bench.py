@@ -35,6 +35,7 @@ from tqdm.auto import tqdm
 from hyfunc.cascade.data import Example, load_examples, split_examples
 from hyfunc.cascade.selector import ToolSelector, default_selector_dir
 from hyfunc.errors import InputError
+from hyfunc.eval.provenance import provenance, provenance_markdown
 from hyfunc.formats.calls import same_calls
 from hyfunc.formats.schema import Tool
 from hyfunc.methods.preselected import PreselectedMethod
@@ -151,7 +152,7 @@ def run_odia_bench(cascade: Any, artifact: str | Path, direct: dict[str, Any], d
         "scenario": "library" if library is not None else "own-tools",
         "library_tools": len(library) if library is not None else None,
         "stream": len(stream), "held_out": len(held), "cascade": baseline, "direct": {}, "cycles": [],
-        "command": list(sys.argv),
+        "command": list(sys.argv), "provenance": provenance([cascade, *direct.values()]),
     }
     for label, m in first.items():
         m.pop("calls")
@@ -213,7 +214,7 @@ def write_odia_report(result: dict, out: str | Path) -> dict[str, Path]:
     ms = lambda m, key: f"{1000 * m['latency'][key]:.0f}"  # noqa: E731
     lines = [
         "# Learning from traffic: the routed system over cycles", "",
-        f"Command: `{' '.join(result['command'])}`", "",
+        f"Command: `{' '.join(result['command'])}`", "", provenance_markdown(result.get("provenance")), "",
         f"Scenario: {result['scenario']}" + (f" ({result['library_tools']} tools)" if result["library_tools"] else "")
         + f". {result['stream']} fc-train requests served (train split), a cycle every "
         f"{result['config']['cycle_every']}; measured on {result['held_out']} held-out requests (validation split). "

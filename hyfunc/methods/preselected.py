@@ -25,6 +25,11 @@ class PreselectedMethod:
         self.name = f"{inner.name}+selector"
 
     @property
+    def backend(self) -> Any:
+        """The wrapped method's model (run records name it)."""
+        return getattr(self.inner, "backend", None)
+
+    @property
     def config(self) -> dict:
         return {"inner": getattr(self.inner, "config", self.inner.name), "selector": self.selector.retriever.meta}
 
