@@ -131,15 +131,12 @@ def run_odia_bench(cascade: Any, artifact: str | Path, direct: dict[str, Any], d
     embedder = SharedEmbedder()
     if getattr(cascade, "gate", None) is not None:
         cascade.gate.share_embedder(embedder)  # one MiniLM and one tool-vector cache for every system here
-    direct = dict(direct)
     if library is not None:
         cascade.use_library(library)
-        for label, method in list(direct.items()):
-            # The library does not fit a prompt: the large model answers over the tools the small
-            # path's selector keeps (retrieve, then prompt), the baseline a user would build.
-            selector = ToolSelector.load(config.cycle.selector or default_selector_dir(), embedder)
-            del direct[label]
-            direct[f"{label} over the selector's tools"] = PreselectedMethod(method, selector)
+        # The library does not fit a prompt: the large model answers over the tools the small
+        # path's selector keeps (retrieve, then prompt), the baseline a user would build.
+        selector = ToolSelector.load(config.cycle.selector or default_selector_dir(), embedder)
+        direct = {f"{label} over the selector's tools": PreselectedMethod(method, selector) for label, method in direct.items()}
     store_path = out / "traffic.sqlite"
     for leftover in out.glob("traffic.sqlite*"):
         leftover.unlink()  # a fresh log: the simulation starts with no traffic

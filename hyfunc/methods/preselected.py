@@ -49,4 +49,3 @@ class PreselectedMethod:
         answer.timings = {"select": select_seconds, **answer.timings}
         answer.details["selected_tools"] = [t.name for t in chosen]
         return answer
-
