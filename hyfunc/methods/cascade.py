@@ -317,6 +317,7 @@ class HyFuncMethod:
             calls=[], input_tokens=encoding.input_tokens, cached_tokens=encoding.cached_tokens, timings=timings,
             reused_seconds=encoding.seconds if reused else 0.0,
             details={
+                "answerability": round(answerable, 4),  # refused below the retriever's refusal threshold
                 "ranking": [tools[i].name for i in ranking],
                 "scores": [round(float(scores[i]), 4) for i in ranking],
                 "retrieved": [tools[i].name for i in chosen],
