@@ -301,17 +301,6 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         metrics = add_gate(Path(args.out), args.data, args.seed)
         print(json.dumps({"artifact": args.out, "off_topic_gate": metrics}, indent=2))
         return 0
-    if args.refusal_only:
-        from hyfunc.cascade.refusal_head import refit_refusal_head
-
-        if not (Path(args.out) / MANIFEST).is_file():
-            raise InputError(f"--refusal-only: {args.out} is not a prepared cascade (no manifest.json)")
-        if not args.library:
-            raise InputError("--refusal-only needs --library: the tools that pad the head's training requests")
-        metrics = refit_refusal_head(Path(args.out), args.data, args.library, seed=args.seed,
-                                     max_examples=args.max_examples)
-        print(json.dumps({"artifact": args.out, "refusal_refit": metrics}, indent=2))
-        return 0
 
     config = PrepareConfig(
         large_model=args.large, small_model=args.small, data=args.data, sft_epochs=args.epochs,
@@ -462,8 +451,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     prep.add_argument("--gate-only", action="store_true",
                       help="only (re)train the off-topic gate of the cascade already in --out, on --data")
-    prep.add_argument("--refusal-only", action="store_true",
-                      help="only refit the refusal head of the cascade already in --out, on --data padded with --library tools")
     prep.add_argument("--library", default=None, help="a large tool library (JSON Lines): also train its per-function retriever")
     prep.add_argument("--seed", type=int, default=0)
     prep.set_defaults(func=cmd_prepare)

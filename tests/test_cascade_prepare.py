@@ -101,6 +101,7 @@ def test_cascade_refuses_without_running_the_small_model(data_file, tmp_path):
     method = HyFuncMethod(large, small, retriever, load_projector(tmp_path))
     answer = method.answer([{"role": "user", "content": "Tell me a joke"}], parse_tools([FX]))
     assert answer.calls == [] and "small_decode" not in answer.timings and "small_prefill" not in answer.timings
+    assert answer.details["answerability"] < 2.0  # what the refusal read is recorded
 
 
 def test_ablation_switches_are_honoured(data_file, tmp_path):

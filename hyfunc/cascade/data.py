@@ -201,24 +201,3 @@ def repeated_examples(pool: list[Example], n: int, seed: int) -> list[Example]:
         tools = list({t.name: t for p in parts for t in p.tools}.values())
         made[key] = Example(key, "augmented-repeated", " ".join(p.query.strip() for p in parts), tools, calls)
     return list(made.values())
-
-
-def pad_with_tools(examples: list[Example], pool: list[Tool], fraction: float, max_extra: int, seed: int) -> list[Example]:
-    """Copies of a seeded `fraction` of `examples` (those with tools) shown 2..`max_extra` extra tools
-    drawn from `pool` (a large library; none named like one of the example's own), shuffled in
-    among its own; the answer is unchanged. fc-train shows each request a handful of tools of its
-    own domain, while real tool lists are long and mixed: the refusal head (refusal_head.py) learns
-    "a tool fits" from requests among many unrelated tools too. Ids name the draw, so cached
-    embeddings stay valid across runs."""
-    rng = random.Random(seed)
-    with_tools = [e for e in examples if e.tools]
-    padded = []
-    for ex in rng.sample(with_tools, min(len(with_tools), round(len(with_tools) * fraction))):
-        own = {t.name for t in ex.tools}
-        extra = [t for t in rng.sample(pool, min(len(pool), max_extra + len(own))) if t.name not in own]
-        extra = extra[: rng.randint(min(2, len(extra)), min(max_extra, len(extra)))]
-        tools = ex.tools + extra
-        rng.shuffle(tools)
-        key = f"{ex.id}~padded~" + hashlib.sha256(json.dumps([t.name for t in tools]).encode()).hexdigest()[:12]
-        padded.append(Example(key, f"{ex.source}~padded", ex.query, tools, ex.answers))
-    return padded

@@ -391,30 +391,6 @@ def calibrate(model: Retriever, val: RetrievalData, grid_size: int = 201) -> dic
         counts[i] = (s[None, :] >= grid[:, None]).sum(1)
     offered = np.array([len(s) > 0 for s in scores], dtype=bool)  # without candidates nothing is decided
     calls, no_calls = offered & (gold_n > 0), offered & (gold_n == 0)
-    refusal_threshold, balanced = calibrate_refusal(answerable, calls, no_calls, grid_size)
-    answered = answerable >= refusal_threshold  # (N,): not refused
-    kept = np.clip(counts, 1, k)  # (N, T): how many the rule keeps at threshold t (if not refused)
-    right_size = (kept == gold_n[:, None]) & (calls & top_ok)[:, None]  # (N, T)
-    t_idx = plateau_middle(right_size.sum(0))
-    model.config.refusal_threshold = refusal_threshold
-    model.config.threshold = float(grid[t_idx])
-    refused_right = int((~answered & no_calls).sum())
-    exact = refused_right + int((answered & right_size[:, t_idx]).sum()) + int((~offered).sum())
-    return {
-        "threshold": model.config.threshold,
-        "refusal_threshold": model.config.refusal_threshold,
-        "refusal_balanced_accuracy": balanced,
-        "exact_set_accuracy": exact / max(n, 1),
-    }
-
-
-def calibrate_refusal(
-    answerable: np.ndarray, calls: np.ndarray, no_calls: np.ndarray, grid_size: int = 201
-) -> tuple[float, float]:
-    """(refusal threshold, its balanced accuracy): the threshold on `answerable` that maximises the
-    mean of the share of `no_calls` examples refused and the share of `calls` examples answered
-    (boolean masks; examples in neither are not counted)."""
-    offered = calls | no_calls
     refusal_grid = threshold_grid(answerable[offered], grid_size)
     answered = answerable[None, :] >= refusal_grid[:, None]  # (R, N): not refused at r
     parts = []
@@ -422,24 +398,20 @@ def calibrate_refusal(
         parts.append((~answered & no_calls).sum(1) / no_calls.sum())
     if calls.any():
         parts.append((answered & calls).sum(1) / calls.sum())
-    if not parts:
-        return float(refusal_grid[0]), float("nan")
-    balanced = np.mean(parts, axis=0)
-    r_idx = plateau_middle(balanced)
-    return float(refusal_grid[r_idx]), float(balanced[r_idx])
-
-
-def threshold_for_answered_share(answerable_calls: np.ndarray, share: float) -> float:
-    """The highest refusal threshold at which at least `share` of the call examples (their
-    answerability `answerable_calls`) are answered: halfway between the last one it may refuse
-    and the next."""
-    values = np.sort(answerable_calls)
-    refusable = int(np.floor((1 - share) * len(values) + 1e-9))
-    if len(values) == 0:
-        return -math.inf
-    if refusable == 0:
-        return float(values[0]) - 1e-6
-    return float((values[refusable - 1] + values[refusable]) / 2) if refusable < len(values) else float(values[-1]) + 1e-6
+    r_idx = plateau_middle(np.mean(parts, axis=0)) if parts else 0
+    kept = np.clip(counts, 1, k)  # (N, T): how many the rule keeps at threshold t (if not refused)
+    right_size = (kept == gold_n[:, None]) & (calls & top_ok)[:, None]  # (N, T)
+    t_idx = plateau_middle(right_size.sum(0))
+    model.config.refusal_threshold = float(refusal_grid[r_idx])
+    model.config.threshold = float(grid[t_idx])
+    refused_right = int((~answered[r_idx] & no_calls).sum())
+    exact = refused_right + int((answered[r_idx] & right_size[:, t_idx]).sum()) + int((~offered).sum())
+    return {
+        "threshold": model.config.threshold,
+        "refusal_threshold": model.config.refusal_threshold,
+        "refusal_balanced_accuracy": float(np.mean([p[r_idx] for p in parts])) if parts else float("nan"),
+        "exact_set_accuracy": exact / max(n, 1),
+    }
 
 
 def threshold_grid(values: np.ndarray, size: int) -> np.ndarray:
