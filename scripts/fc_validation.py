@@ -6,7 +6,12 @@ pattern, side by side with one shared large pass per request.
 
 Requests with calls, offered their own tools, sampled with equal shares per call pattern (single,
 distinct tools, one tool repeated) as `hyfunc prepare` samples; exact = `same_calls` with gold
-(names and arguments after normalisation, any order).
+(names and arguments after normalisation, any order). `--small-path`: the small path (ODIA's routed
+path: selector + the cascade's small model, no large model) answers too, and each cascade variant's
+agreement with it is reported: the share of requests ODIA's mining would label simple.
+
+    python scripts/fc_validation.py --data ../shared/data/fc-train --limit 90 --ablations large_values \
+        --small-path --out reports/large-values/small-path-agreement.json
 """
 from __future__ import annotations
 
@@ -22,8 +27,11 @@ from tqdm.auto import tqdm
 
 from hyfunc.cascade.data import call_pattern, load_examples, sample_by_pattern, split_examples
 from hyfunc.eval.provenance import provenance
-from hyfunc.formats.calls import same_calls
+from hyfunc.formats.calls import Call, same_calls
+from hyfunc.cascade.selector import ToolSelector, default_selector_dir
 from hyfunc.methods.cascade import DEFAULT_ARTIFACT, CascadeOptions, HyFuncMethod
+from hyfunc.methods.small import SmallMethod
+from hyfunc.routing.routed import SharedEmbedder
 
 
 def main() -> int:
@@ -32,6 +40,7 @@ def main() -> int:
     parser.add_argument("--artifact", default=str(DEFAULT_ARTIFACT))
     parser.add_argument("--limit", type=int, default=90)
     parser.add_argument("--ablations", nargs="*", default=[], help="CascadeOptions switched off, one variant each")
+    parser.add_argument("--small-path", action="store_true", help="also answer with the small path; report agreement")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
@@ -43,6 +52,9 @@ def main() -> int:
     methods = {"hyfunc": main_method}
     for stage in args.ablations:
         methods[f"hyfunc-no-{stage}"] = main_method.variant(CascadeOptions(**{stage: False}), f"hyfunc-no-{stage}")
+    cascades = list(methods)
+    if args.small_path:
+        methods["small-path"] = SmallMethod(main_method.small, ToolSelector.load(default_selector_dir(), SharedEmbedder()))
     rows = []
     for ex in tqdm(requests, desc="fc-train validation", unit="req"):
         row = {"id": ex.id, "pattern": call_pattern(ex), "gold": [[c.name, c.arguments] for c in ex.answers]}
@@ -57,12 +69,20 @@ def main() -> int:
         by_pattern = Counter(r["pattern"] for r in rows if r[label]["exact"])
         summary[label] = {"exact": sum(r[label]["exact"] for r in rows), "n": len(rows), "by_pattern": dict(by_pattern),
                           "median_seconds": statistics.median(r[label]["seconds"] for r in rows)}
+        if args.small_path and label in cascades:
+            # ODIA's mining label: the small path's calls equal this cascade's (`same_calls`)
+            summary[label]["small_path_agrees"] = sum(
+                same_calls(_calls(r["small-path"]["calls"]), _calls(r[label]["calls"])) for r in rows)
     result = {"command": sys.argv, "provenance": provenance(list(methods.values())), "patterns": dict(Counter(r["pattern"] for r in rows)),
               "summary": summary, "rows": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1, ensure_ascii=False, default=str))
     print(json.dumps({"patterns": result["patterns"], "summary": summary}, indent=1))
     return 0
+
+
+def _calls(rows: list) -> list[Call]:
+    return [Call(name, arguments) for name, arguments in rows]
 
 
 if __name__ == "__main__":
