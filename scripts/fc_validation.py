@@ -26,9 +26,9 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from hyfunc.cascade.data import call_pattern, load_examples, sample_by_pattern, split_examples
+from hyfunc.cascade.selector import ToolSelector, default_selector_dir
 from hyfunc.eval.provenance import provenance
 from hyfunc.formats.calls import Call, same_calls
-from hyfunc.cascade.selector import ToolSelector, default_selector_dir
 from hyfunc.methods.cascade import DEFAULT_ARTIFACT, CascadeOptions, HyFuncMethod
 from hyfunc.methods.small import SmallMethod
 from hyfunc.routing.routed import SharedEmbedder
