@@ -54,7 +54,10 @@ def main() -> int:
         methods[f"hyfunc-no-{stage}"] = main_method.variant(CascadeOptions(**{stage: False}), f"hyfunc-no-{stage}")
     cascades = list(methods)
     if args.small_path:
-        methods["small-path"] = SmallMethod(main_method.small, ToolSelector.load(default_selector_dir(), SharedEmbedder()))
+        embedder = SharedEmbedder()
+        if main_method.gate is not None:
+            main_method.gate.share_embedder(embedder)  # one MiniLM and one tool-vector cache, as `hyfunc bench odia`
+        methods["small-path"] = SmallMethod(main_method.small, ToolSelector.load(default_selector_dir(), embedder))
     rows = []
     for ex in tqdm(requests, desc="fc-train validation", unit="req"):
         row = {"id": ex.id, "pattern": call_pattern(ex), "gold": [[c.name, c.arguments] for c in ex.answers]}

@@ -10,17 +10,16 @@ from pathlib import Path
 import torch
 
 from hyfunc.cascade.data import load_examples, split_examples
+from hyfunc.cascade.prepare import PrepareConfig, train_small
 from hyfunc.cascade.small_model import build_small_prompt
 from hyfunc.models.backend import Backend
 from hyfunc.routing.distil import distil_items
-from hyfunc.cascade.prepare import PrepareConfig, train_small
 
 ckpt = sys.argv[1] == "ckpt"  # "plain" or "ckpt"
 train, _ = split_examples(load_examples(["../shared/data/fc-train"]))
 callers = [ex for ex in train if ex.answers]
 small = Backend("qwen-coder-0.5b", dtype=torch.float32)
-lengths = sorted(callers, key=lambda ex: -len(build_small_prompt(small, ex.query, ex.tools, with_soft_token=False)))
-longest = lengths[:4]
+longest = sorted(callers, key=lambda ex: -len(build_small_prompt(small, ex.query, ex.tools, with_soft_token=False)))[:4]
 items, skipped = distil_items(longest, small)
 print("prompt tokens", [len(i.prompt) for i in items], "skipped", skipped, flush=True)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
