@@ -31,11 +31,19 @@ from hyfunc.models.registry import DEFAULT_LARGE, DEFAULT_MODELS, DEFAULT_SMALL
 from hyfunc.progress import steps
 
 # The cascade's switchable stages (hyfunc.methods.cascade.CascadeOptions; not imported here: torch).
-ABLATABLE = ["soft_token", "retriever", "templating", "off_topic_gate", "large_values"]
+ABLATABLE = ["soft_token", "retriever", "templating", "off_topic_gate", "large_values", "large_choices", "large_numbers"]
 
 #: Errors that are the user's to fix: printed as one line, exit status 2. Anything else is a bug
 #: and keeps its traceback. A missing file named on the command line is the user's too.
 USER_ERRORS = (UserError, FileNotFoundError)
+
+
+def _ablation(spec: str) -> str:
+    """An `--ablations` item: a stage, or stages joined by '+' (one variant with all of them off)."""
+    unknown = [stage for stage in spec.split("+") if stage not in ABLATABLE]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown stage {unknown[0]!r}; stages: {', '.join(ABLATABLE)}")
+    return spec
 
 
 def _add_method_args(parser: argparse.ArgumentParser, prefix_caching: bool) -> None:
@@ -194,8 +202,9 @@ def _side_by_side_methods(args: argparse.Namespace) -> dict:
     main = _build_method(args)
     kind = "routed" if getattr(args, "router", None) else "hyfunc"
     methods = {main.name if args.method == "direct" else f"{kind}@{main.large.engine}": main}
-    for stage in args.ablations:
-        methods[f"hyfunc-no-{stage}"] = main.variant(CascadeOptions(**{stage: False}), f"hyfunc-no-{stage}")
+    for spec in args.ablations:
+        methods[f"hyfunc-no-{spec}"] = main.variant(
+            CascadeOptions(**{stage: False for stage in spec.split("+")}), f"hyfunc-no-{spec}")
     for spec in args.with_cascade:
         from hyfunc.methods.cascade import DEFAULT_ARTIFACT, HyFuncMethod
 
@@ -387,8 +396,9 @@ def main(argv: list[str] | None = None) -> int:
         "ARTIFACT@LARGE_ENGINE,SMALL_ENGINE ('shipped' = the shipped one)",
     )
     bfcl.add_argument(
-        "--ablations", nargs="+", default=[], choices=ABLATABLE,
-        help="also run the cascade with each of these stages switched off (one variant per stage)",
+        "--ablations", nargs="+", default=[], type=_ablation, metavar="STAGE[+STAGE]",
+        help=f"also run the cascade with each of these stages switched off, one variant each; STAGE+STAGE: "
+        f"a variant with both off (stages: {', '.join(ABLATABLE)})",
     )
     bfcl.set_defaults(func=cmd_eval_bfcl)
     compare = eval_sub.add_parser("compare", help="merge several BFCL runs into one table and plot")

@@ -39,7 +39,7 @@ def main() -> int:
     parser.add_argument("--data", nargs="+", required=True)
     parser.add_argument("--artifact", default=str(DEFAULT_ARTIFACT))
     parser.add_argument("--limit", type=int, default=90)
-    parser.add_argument("--ablations", nargs="*", default=[], help="CascadeOptions switched off, one variant each")
+    parser.add_argument("--ablations", nargs="*", default=[], help="CascadeOptions switched off, one variant each (a+b: both off in one)")
     parser.add_argument("--small-path", action="store_true", help="also answer with the small path; report agreement")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", required=True)
@@ -50,8 +50,9 @@ def main() -> int:
     requests = sample_by_pattern(callers, args.limit, args.seed) if args.limit < len(callers) else callers
     main_method = HyFuncMethod.load(args.artifact)
     methods = {"hyfunc": main_method}
-    for stage in args.ablations:
-        methods[f"hyfunc-no-{stage}"] = main_method.variant(CascadeOptions(**{stage: False}), f"hyfunc-no-{stage}")
+    for spec in args.ablations:  # a stage, or stages joined by '+' (one variant, all off)
+        options = CascadeOptions(**{stage: False for stage in spec.split("+")})
+        methods[f"hyfunc-no-{spec}"] = main_method.variant(options, f"hyfunc-no-{spec}")
     cascades = list(methods)
     if args.small_path:
         embedder = SharedEmbedder()

@@ -1,13 +1,16 @@
-"""Free string values written by the large model (cascade/large_values.py): the decoder injects
-them, the writer follows the answer text incrementally, and the cascade switch works."""
+"""Scalar values written by the large model (cascade/large_values.py): the decoder injects what
+the writer writes (strings, enum members, numbers) and writes the rest itself, the writer follows
+the answer text incrementally, decodes multi-byte characters whole, and the cascade's switches work."""
 from __future__ import annotations
 
 import json
 
 import pytest
+import torch
 
-from hyfunc.cascade.large_values import LargeValueWriter, _closing_quote
+from hyfunc.cascade.large_values import LargeValueWriter, _number_value, _string_end
 from hyfunc.cascade.templating import TemplateDecoder
+from hyfunc.formats.schema import parse_tools
 from hyfunc.formats.validate import argument_errors
 from tests.test_templating import TOOLS
 from tests.tiny_models import tiny_backend
@@ -18,30 +21,64 @@ def backend():
     return tiny_backend()
 
 
-def test_decoder_injects_the_written_strings_and_keeps_the_rest(backend) -> None:
-    seen: list[str] = []
+class Recording:
+    """A ValueWriter that writes fixed values and records what it was asked."""
 
-    def write(text: str) -> str:
-        seen.append(text)
-        return 'Boston, "MA"'
+    def __init__(self, string=None, choice=None, number=None):
+        self._string, self._choice, self._number = string, choice, number
+        self.asked: list[tuple[str, str]] = []
 
+    def string(self, text_so_far):
+        self.asked.append(("string", text_so_far))
+        return self._string
+
+    def choice(self, text_so_far, options):
+        self.asked.append(("choice", text_so_far))
+        return options.index(self._choice) if self._choice in options else None
+
+    def number(self, text_so_far, integer):
+        self.asked.append(("number", text_so_far))
+        return None if self._number is None else self._number(integer)
+
+
+def _decode(backend, writer=None, tools=TOOLS[:1]):
     step = backend.forward(ids=backend.encode("weather please"))
-    out = TemplateDecoder(backend, max_calls=2, max_string_tokens=6, max_array_items=2).decode(
-        step, TOOLS[:1], require_call=True, write_value=write)
+    decoder = TemplateDecoder(backend, max_calls=2, max_string_tokens=6, max_array_items=2)
+    return decoder.decode(step, tools, require_call=True, write_value=writer)
+
+
+def test_decoder_injects_the_written_strings_and_keeps_the_rest(backend) -> None:
+    writer = Recording(string='Boston, "MA"')
+    out = _decode(backend, writer)
     calls = json.loads(out.text)
     assert calls and all(c["arguments"]["city"] == 'Boston, "MA"' for c in calls)
     assert all(not argument_errors(c, TOOLS) for c in out.calls)
-    assert seen and all(t.endswith('"city": "') for t in seen[:1])  # asked at the value's opening quote
-    for c in calls:  # enums are the small model's choice, never the writer's
-        assert c["arguments"].get("unit") in (None, "celsius", "fahrenheit")
+    assert writer.asked[0] == ("string", writer.asked[0][1]) and writer.asked[0][1].endswith('"city": "')
+
+
+SCALARS = parse_tools([{"name": "convert", "parameters": {"type": "object", "properties": {
+    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}, "level": {"type": "integer", "enum": [1, 10]},
+    "days": {"type": "integer"}, "temp": {"type": "number"}, "nums": {"type": "array", "items": {"type": "integer"}},
+}, "required": ["unit", "level", "days", "temp", "nums"]}}])
+
+
+def test_decoder_injects_chosen_members_and_written_numbers(backend) -> None:
+    writer = Recording(choice='"fahrenheit"', number=lambda integer: "-7" if integer else "2.5")
+    out = _decode(backend, writer, SCALARS)
+    for call in json.loads(out.text):
+        args = call["arguments"]
+        assert (args["unit"], args["days"], args["temp"]) == ("fahrenheit", -7, 2.5)
+        assert args["level"] in (1, 10)  # the writer declined: the small model chose
+        assert all(n == -7 for n in args["nums"])  # typed array items are values too
+    assert all(not argument_errors(c, SCALARS) for c in out.calls)
+    asked = [kind for kind, _ in writer.asked]
+    assert asked[:4] == ["choice", "choice", "number", "number"]  # unit, level, days, temp: in schema order
+    assert writer.asked[0][1].endswith('"unit": ')  # an enum member starts with its quote: not injected before
 
 
 def test_decoder_writes_itself_when_the_writer_declines(backend) -> None:
-    step = backend.forward(ids=backend.encode("weather please"))
-    decoder = TemplateDecoder(backend, max_calls=2, max_string_tokens=6, max_array_items=2)
-    mine = decoder.decode(step, TOOLS[:1], require_call=True)
-    step = backend.forward(ids=backend.encode("weather please"))
-    declined = decoder.decode(step, TOOLS[:1], require_call=True, write_value=lambda text: None)
+    mine = _decode(backend)
+    declined = _decode(backend, Recording())
     assert declined.text == mine.text
 
 
@@ -60,24 +97,102 @@ def test_writer_follows_the_text_incrementally_and_refork_after_a_rewind(backend
 
     writer = LargeValueWriter(Counting(), prompt, max_tokens=4)
     first = '[{"name": "f", "arguments": {"a": "'
-    value = writer(first)
+    value = writer.string(first)
     assert value is None or isinstance(value, str)
     length = writer._cache.get_seq_length()
-    writer(writer._seen + 'x", "b": "')  # the answer went on: only the new text is run
+    writer.string(writer._seen + 'x", "b": "')  # the answer went on: only the new text is run
     assert len(forks) == 1 and writer._cache.get_seq_length() > length
-    writer('[{"name": "g", "arguments": {"a": "')  # text taken back: start again from the prompt
+    writer.string('[{"name": "g", "arguments": {"a": "')  # text taken back: start again from the prompt
     assert len(forks) == 2
     assert prompt.cache.get_seq_length() == len(backend.encode("the prompt"))  # the prompt's state is never extended
 
 
-@pytest.mark.parametrize("content, piece, end", [("", 'ab"c', 2), ("a\\", '"', None), ("a\\\\", '"x', 0),
-                                                 ("", '\\"', None), ("", "abc", None)])
-def test_closing_quote_skips_escaped_quotes(content: str, piece: str, end: int | None) -> None:
-    assert _closing_quote(content, piece) == end
+class Scripted:
+    """The tiny backend, made to generate `script`'s tokens in order (greedy picks them)."""
+
+    def __init__(self, backend, script: list[int]):
+        self.backend, self.script = backend, list(script)
+
+    def __getattr__(self, name):
+        return getattr(self.backend, name)
+
+    def _next(self, step):
+        logits = torch.full_like(step.logits, -1e4)
+        if self.script:
+            logits[self.script.pop(0)] = 0.0
+        step.logits = logits
+        return step
+
+    def forward(self, **kwargs):
+        return self._next(self.backend.forward(**kwargs))
+
+
+def _scripted_writer(backend, script: str, kinds=("string",)) -> LargeValueWriter:
+    """A writer whose large model will write `script` (from its next pass on)."""
+    scripted = Scripted(backend, [])
+    prompt = scripted.forward(ids=backend.encode("the prompt"))
+    scripted.script = backend.encode(script)
+    return LargeValueWriter(scripted, prompt, kinds=kinds)
+
+
+def test_multibyte_characters_split_over_tokens_come_out_whole(backend) -> None:
+    assert any("\ufffd" in backend.decode([t]) for t in backend.encode("广东"))  # byte tokens: one alone is no character
+    writer = _scripted_writer(backend, '广东", ')
+    text = '[{"name": "f", "arguments": {"a": "'
+    assert writer.string(text) == "广东"
+    assert writer._seen == text + "广东"  # the closing quote's token is left to the template
+
+
+def test_number_writing_stops_at_the_first_other_character(backend) -> None:
+    text = '[{"name": "f", "arguments": {"n": '
+    # Written after `": ` without its space, then with it, as the tokenizer spells " -12".
+    writer = _scripted_writer(backend, " -12, ", kinds=("number",))
+    assert writer.number(text, integer=True) == "-12" and writer._seen == text + "-12"
+    assert _scripted_writer(backend, " 2.5}", kinds=("number",)).number(text, integer=True) is None  # not an integer
+    assert _scripted_writer(backend, " 2.5}", kinds=("number",)).number(text, integer=False) == "2.5"
+    assert _scripted_writer(backend, '"x"', kinds=("number",)).string(text) is None  # strings are not among its kinds
+
+
+@pytest.mark.parametrize("text, integer, value", [("12", True, "12"), ("-0.5", False, "-0.5"), ("1e3", False, "1e3"),
+                                                  ("2.0", True, None), ("05", False, None), ("-", False, None),
+                                                  ("", True, None), ("1.", False, None)])
+def test_number_values_must_be_json_numbers_of_the_type(text: str, integer: bool, value: str | None) -> None:
+    assert _number_value(text, integer) == value
+
+
+def test_choice_is_the_likeliest_member_and_leaves_the_state_as_it_was(backend) -> None:
+    prompt = backend.forward(ids=backend.encode("the prompt"))
+    writer = LargeValueWriter(backend, prompt, kinds=("choice",))
+    text = '[{"name": "f", "arguments": {"unit": '
+    options = ['"celsius"', '"fahrenheit"', '"kelvin"']
+    chosen = writer.choice(text, options)
+    length = writer._cache.get_seq_length()
+
+    def score(option: str) -> float:  # the log-probability of " " + option after the text's head, from a fresh pass
+        tail = backend.encode(" " + option)
+        ids = backend.encode(text[:-1]) + tail
+        step = backend.forward(ids=ids, cache=backend.fork(prompt.cache), logits_to_keep=len(ids))
+        logp = torch.log_softmax(torch.cat([prompt.logits[None], step.tail_logits[:-1]]).float(), -1)
+        return float(sum(logp[len(ids) - len(tail) + i, tid] for i, tid in enumerate(tail)))
+
+    scores = [score(o) for o in options]
+    assert chosen == max(range(3), key=scores.__getitem__)
+    assert writer.choice(text, options) == chosen and writer._cache.get_seq_length() == length  # scored, then cropped
+    assert writer.choice(text, ['"only"']) is None  # nothing to choose
+
+
+@pytest.mark.parametrize("text, end", [('ab"c', 2), ('a\\"', None), ('a\\\\"x', 3), ('\\"', None), ("abc", None)])
+def test_string_end_skips_escaped_quotes(text: str, end: int | None) -> None:
+    assert _string_end(text) == end
+
+
+def test_unknown_kinds_are_refused(backend) -> None:
+    prompt = backend.forward(ids=backend.encode("the prompt"))
+    with pytest.raises(ValueError, match="unknown value kinds"):
+        LargeValueWriter(backend, prompt, kinds=("string", "boolean"))
 
 
 def test_cascade_writes_values_with_the_large_model_unless_switched_off() -> None:
-    from hyfunc.formats.schema import parse_tools
     from hyfunc.methods.cascade import CascadeOptions
     from tests.serve_app import tiny_cascade
     from tests.test_serve_sdk import TOOLS as SERVE_TOOLS
@@ -87,5 +202,7 @@ def test_cascade_writes_values_with_the_large_model_unless_switched_off() -> Non
     tools = parse_tools(SERVE_TOOLS)
     answer = cascade.answer(messages, tools)
     assert "large_values" in answer.timings and "large_values" in answer.details
-    plain = cascade.variant(CascadeOptions(large_values=False), "no-large-values").answer(messages, tools)
+    off = CascadeOptions(large_values=False, large_choices=False, large_numbers=False)
+    plain = cascade.variant(off, "no-large-values").answer(messages, tools)
     assert "large_values" not in plain.timings
+    assert CascadeOptions(large_choices=False).large_value_kinds() == ("string", "number")

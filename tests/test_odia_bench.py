@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+import weakref
 from pathlib import Path
 
 import pytest
@@ -54,6 +55,7 @@ def parts(tmp_path_factory: pytest.TempPathFactory) -> dict:
 def test_bench_odia_serves_learns_and_measures(parts: dict) -> None:
     cascade = HyFuncMethod.load(parts["artifact"])
     direct = {"direct:tiny": DirectMethod(cascade.large, max_new_tokens=8)}
+    direct_alive = weakref.ref(direct["direct:tiny"])
     # The tiny cascade answers in milliseconds, less than MiniLM's routing: latency may grow here.
     cycle = CycleConfig(target=0.9, min_requests=20, selector=str(parts["selector"]),
                         gate=GateConfig(latency_tolerance=1000.0), distil=DistilConfig(lora_rank=4, max_items=8))
@@ -61,6 +63,7 @@ def test_bench_odia_serves_learns_and_measures(parts: dict) -> None:
     out = parts["root"] / "report"
     result = run_odia_bench(cascade, parts["artifact"], direct, [str(parts["data"])], out, config)
     assert result["stream"] == 60 and result["held_out"] == 10 and result["scenario"] == "own-tools"
+    assert direct == {} and direct_alive() is None  # measured in the first stretch, then freed
     assert result["cascade"]["agreement"] == 1.0 and result["direct"]["direct:tiny"]["n"] == 10
     first, second = result["cycles"]
     assert (first["served"], second["served"]) == (30, 60) and first["phase_small_share"] == 0.0

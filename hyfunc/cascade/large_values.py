@@ -1,39 +1,62 @@
-"""Free string values written by the large model, from its own state after the soft-token pass.
+"""Scalar argument values written by the large model, from its own state after the soft-token pass.
 
 The small model, fine-tuned on fc-train (whose values mostly copy the request's words), writes
 "Boston" where a parameter's description asks for "City, State" ("Boston, MA"), and it misses
 values the request only implies. The large model has already read [instruction + tools +
 request] to produce the soft token; its KV state is there. Continued with the answer written so
-far up to a string value's opening quote, it writes the value itself, reading the description.
-The small model keeps every structural choice (which tools, how many calls, which optional keys)
-and every number, boolean and enum value.
+far up to a value, it writes the value itself, reading the description:
+
+- free strings: greedily, to the closing quote (`string`);
+- enum members: the member whose JSON text it finds likeliest (`choice`), when asked;
+- numbers: greedily, to the first character a JSON number cannot hold (`number`), when asked.
+
+The small model keeps every structural choice (which tools, how many calls, which optional keys,
+how many array items) and every value the writer declines. Which kinds the large model writes is
+the writer's `kinds`; the cascade's options set it.
 
 One writer per request. It follows the answer text incrementally: only text it has not seen is
 run through the large model (a repeat-guard rewind that took text back makes it fork the
 prompt's state again). Engine-independent: `forward`, `fork`, `encode`, `decode` and a cache
-that can `crop`.
+that can `crop`. Generated tokens are decoded together, never one by one: a character of
+several UTF-8 bytes may span tokens (one by one, "广东" came out as "��东").
 """
 from __future__ import annotations
 
 import json
+import re
 import time
-from typing import Any
+from typing import Any, Callable, Sequence
+
+import torch
 
 from hyfunc.models.base import BackendBase, StepOutput
 
+KINDS = ("string", "choice", "number")
+#: Characters a JSON number may hold; the first other one ends the large model's number.
+_NUMBER_CHARS = set("-+.eE0123456789")
+_JSON_NUMBER = re.compile(r"-?(0|[1-9]\d*)(\.\d+)?([eE][+-]?\d+)?")
+
 
 class LargeValueWriter:
-    """`writer(text_so_far)` -> the string value's content, or None (let the small model write
-    it). `text_so_far` is the answer text up to and including the value's opening quote."""
+    """The templating decoder's `ValueWriter` (templating/decoder.py): each method gets the answer
+    text so far (up to a string's opening quote, or up to where a number or an enum member
+    starts) and returns the value, or None to let the small model write it."""
 
-    def __init__(self, backend: BackendBase, prompt_state: StepOutput, max_tokens: int = 48):
+    def __init__(
+        self, backend: BackendBase, prompt_state: StepOutput, max_tokens: int = 48,
+        kinds: Sequence[str] = ("string",),
+    ):
+        unknown = set(kinds) - set(KINDS)
+        if unknown:
+            raise ValueError(f"unknown value kinds {sorted(unknown)}; known: {list(KINDS)}")
         self.backend, self.prompt_state, self.max_tokens = backend, prompt_state, max_tokens
+        self.kinds = frozenset(kinds)
         self._cache: Any = None
         self._seen = ""  # answer text the cache holds, after the prompt
         self._logits = None  # the next-token logits after `_seen`
         self.seconds = 0.0
-        self.values = 0  # values written
-        self.tokens = 0  # tokens the large model generated
+        self.values = 0  # values written (or chosen)
+        self.tokens = 0  # tokens the large model generated or scored
 
     def _follow(self, text: str) -> None:
         if self._cache is None or not text.startswith(self._seen):
@@ -43,49 +66,116 @@ class LargeValueWriter:
             step = self.backend.forward(ids=self.backend.encode(new), cache=self._cache)
             self._cache, self._logits, self._seen = step.cache, step.logits, text
 
-    def __call__(self, text_so_far: str) -> str | None:
+    def _timed(self, write: Callable[[], Any]) -> Any:
         start = time.perf_counter()
         try:
-            return self._write(text_so_far)
+            return write()
         finally:
             self.seconds += time.perf_counter() - start
 
-    def _write(self, text_so_far: str) -> str | None:
+    def string(self, text_so_far: str) -> str | None:
+        """A free string's content; `text_so_far` ends with its opening quote."""
+        if "string" not in self.kinds:
+            return None
+        return self._timed(lambda: self._generate(text_so_far, _string_end, _string_value))
+
+    def number(self, text_so_far: str, integer: bool) -> str | None:
+        """A number's JSON text, when it is one (an integer for `integer`)."""
+        if "number" not in self.kinds:
+            return None
+        head, gap = _split_gap(text_so_far)
+
+        def value_of(text: str) -> str | None:
+            return _number_value(text[len(gap):], integer) if text.startswith(gap) else None
+
+        return self._timed(lambda: self._generate(head, lambda text: _number_end(text, gap), value_of))
+
+    def choice(self, text_so_far: str, options: Sequence[str]) -> int | None:
+        """The index of the option (JSON texts: enum members) whose tokens the large model finds
+        likeliest after `text_so_far` (sum of log-probabilities)."""
+        if "choice" not in self.kinds or len(options) < 2:
+            return None
+        return self._timed(lambda: self._choose(text_so_far, options))
+
+    def _choose(self, text_so_far: str, options: Sequence[str]) -> int:
+        head, gap = _split_gap(text_so_far)
+        self._follow(head)
+        scores = []
+        for option in options:
+            ids = self.backend.encode(gap + option)
+            step = self.backend.forward(ids=ids, cache=self._cache, logits_to_keep=len(ids))
+            self._cache.crop(-len(ids))  # scored, then forgotten: the template writes the chosen one
+            rows = [self._logits] + ([step.tail_logits[i] for i in range(len(ids) - 1)] if len(ids) > 1 else [])
+            scores.append(sum(float(torch.log_softmax(row.float(), -1)[tid]) for row, tid in zip(rows, ids)))
+            self.tokens += len(ids)
+        self.values += 1
+        return max(range(len(options)), key=scores.__getitem__)
+
+    def _generate(self, text_so_far: str, end_of: Callable[[str], int | None], value_of: Callable[[str], Any]) -> Any:
+        """Greedy tokens after `text_so_far` until `end_of(text)` finds where the value's text
+        ends; `value_of(text)` then reads the value (None: not a usable one)."""
         self._follow(text_so_far)
         before, logits_before = self._cache.get_seq_length(), self._logits
-        fed = ""  # content whose tokens are in the cache
+        ids: list[int] = []  # generated tokens whose text is in the cache
         for _ in range(self.max_tokens):
             tid = int(self._logits.argmax())
-            piece = self.backend.decode([tid])
             self.tokens += 1
-            end = _closing_quote(fed, piece)
-            if end is not None:
-                # The closing token is not run: the template decides what follows the quote, so
-                # the next value's call feeds the text from here on.
-                self._seen = text_so_far + fed
-                try:
-                    value = json.loads('"' + fed + piece[:end] + '"')
-                except json.JSONDecodeError:
-                    return None
-                self.values += 1
-                return value or None  # an empty value: the small model decides
             if tid in self.backend.eos_ids:
                 break
-            fed += piece
+            text = self.backend.decode(ids + [tid])
+            end = end_of(text)
+            if end is not None:
+                # The ending token is not run: the template decides what follows the value, so
+                # the next value's call feeds the text from here on.
+                self._seen = text_so_far + self.backend.decode(ids)
+                value = value_of(text[:end])
+                if value is not None:
+                    self.values += 1
+                return value
+            ids.append(tid)
             step = self.backend.forward(ids=[tid], cache=self._cache)
             self._cache, self._logits = step.cache, step.logits
         grown = self._cache.get_seq_length() - before
         if grown:
-            self._cache.crop(-grown)  # no closed value within the cap: forget the attempt
+            self._cache.crop(-grown)  # no value within the cap: forget the attempt
         self._seen, self._logits = text_so_far, logits_before
         return None
 
 
-def _closing_quote(content: str, piece: str) -> int | None:
-    """Where in `piece` an unescaped `"` closes a JSON string whose content so far is `content`."""
-    escaped = (len(content) - len(content.rstrip("\\"))) % 2 == 1
-    for i, ch in enumerate(piece):
+def _string_end(text: str) -> int | None:
+    """Where an unescaped `"` closes a JSON string whose content is `text`."""
+    escaped = False
+    for i, ch in enumerate(text):
         if ch == '"' and not escaped:
             return i
         escaped = ch == "\\" and not escaped
     return None
+
+
+def _string_value(content: str) -> str | None:
+    try:
+        value = json.loads('"' + content + '"')
+    except json.JSONDecodeError:
+        return None
+    return value or None  # an empty value: the small model decides
+
+
+def _split_gap(text: str) -> tuple[str, str]:
+    """(text, its trailing spaces): what follows `": ` or `, ` is written or scored with the
+    space in front, as the model's tokenizer spells it (" -3" is one token and "3" another). Fed
+    a lone space token, the large model wrote -3 as 3."""
+    head = text.rstrip(" ")
+    return head, text[len(head):]
+
+
+def _number_end(text: str, gap: str = "") -> int | None:
+    """Where a number written after `gap` ends in `text`."""
+    if len(text) <= len(gap):
+        return None if gap.startswith(text) else 0
+    return next((i for i, ch in enumerate(text) if i >= len(gap) and ch not in _NUMBER_CHARS), None)
+
+
+def _number_value(text: str, integer: bool) -> str | None:
+    if not _JSON_NUMBER.fullmatch(text) or (integer and not re.fullmatch(r"-?\d+", text)):
+        return None
+    return text

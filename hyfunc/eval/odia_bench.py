@@ -21,6 +21,7 @@ same run on the same machine.
 """
 from __future__ import annotations
 
+import gc
 import json
 import random
 import statistics
@@ -128,6 +129,11 @@ def run_odia_bench(cascade: Any, artifact: str | Path, direct: dict[str, Any], d
     stream, held = scenario(data, library, config)
     if len(stream) < config.cycle_every or not held:
         raise InputError(f"{len(stream)} stream and {len(held)} held-out requests: too few for this configuration")
+    # The direct models answer the first held-out stretch only; the caller's references go too,
+    # so they are freed after it (a 1.5B on llama.cpp beside the cascade and a distillation
+    # child ran a 24 GiB machine out of memory).
+    baselines = dict(direct)
+    direct.clear()
     embedder = SharedEmbedder()
     if getattr(cascade, "gate", None) is not None:
         cascade.gate.share_embedder(embedder)  # one MiniLM and one tool-vector cache for every system here
@@ -136,12 +142,15 @@ def run_odia_bench(cascade: Any, artifact: str | Path, direct: dict[str, Any], d
         # The library does not fit a prompt: the large model answers over the tools the small
         # path's selector keeps (retrieve, then prompt), the baseline a user would build.
         selector = ToolSelector.load(config.cycle.selector or default_selector_dir(), embedder)
-        direct = {f"{label} over the selector's tools": PreselectedMethod(method, selector) for label, method in direct.items()}
+        baselines = {f"{label} over the selector's tools": PreselectedMethod(method, selector) for label, method in baselines.items()}
     store_path = out / "traffic.sqlite"
     for leftover in out.glob("traffic.sqlite*"):
         leftover.unlink()  # a fresh log: the simulation starts with no traffic
     versions = Versions(out / "odia")
-    first = measure({"cascade": cascade, **direct}, held, library, desc="held-out: cascade and direct")
+    run_provenance = provenance([cascade, *baselines.values()])
+    first = measure({"cascade": cascade, **baselines}, held, library, desc="held-out: cascade and direct")
+    del baselines
+    gc.collect()
     baseline = first.pop("cascade")
     reference = baseline.pop("calls")
     result: dict[str, Any] = {
@@ -149,7 +158,7 @@ def run_odia_bench(cascade: Any, artifact: str | Path, direct: dict[str, Any], d
         "scenario": "library" if library is not None else "own-tools",
         "library_tools": len(library) if library is not None else None,
         "stream": len(stream), "held_out": len(held), "cascade": baseline, "direct": {}, "cycles": [],
-        "command": list(sys.argv), "provenance": provenance([cascade, *direct.values()]),
+        "command": list(sys.argv), "provenance": run_provenance,
     }
     for label, m in first.items():
         m.pop("calls")

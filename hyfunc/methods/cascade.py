@@ -7,8 +7,9 @@ Per request:
      token's cosine with each tool plus a weighted lexical score of the request (lexical.py);
   3. the small model reads [instruction + retrieved tools + request + projected soft token] and
      the templating decoder writes the call list, generating only what the schemas leave open;
-     free string values are written by the large model, continuing its state of step 1 with the
-     answer so far (when step 1 read the tools; large_values.py).
+     scalar values (free strings, enum members, numbers) are written by the large model,
+     continuing its state of step 1 with the answer so far (when step 1 read the tools;
+     large_values.py).
 
 An artifact directory (written by `hyfunc prepare`) holds what was trained::
 
@@ -68,9 +69,16 @@ class CascadeOptions:
     retriever: bool = True  # False: the small model sees every offered tool
     templating: bool = True  # False: free greedy decoding of the call text, then parsed
     off_topic_gate: bool = True  # refuse small talk with the artifact's off-topic gate, if it has one
-    # Free string values written by the large model from its state after its pass (when that
-    # pass read the tools), the rest by the small model (cascade/large_values.py).
+    # Scalar values written by the large model from its state after its pass (when that pass
+    # read the tools), the rest by the small model (cascade/large_values.py): free strings,
+    # enum members, numbers.
     large_values: bool = True
+    large_choices: bool = True
+    large_numbers: bool = True
+
+    def large_value_kinds(self) -> tuple[str, ...]:
+        on = {"string": self.large_values, "choice": self.large_choices, "number": self.large_numbers}
+        return tuple(kind for kind, enabled in on.items() if enabled)
 
 
 @dataclass
@@ -340,8 +348,9 @@ class HyFuncMethod:
             timings["small_prefill"] = time.perf_counter() - start
             start = time.perf_counter()
             writer = None
-            if self.options.large_values and encoding.state is not None:
-                writer = LargeValueWriter(self.large, encoding.state)
+            kinds = self.options.large_value_kinds()
+            if kinds and encoding.state is not None:
+                writer = LargeValueWriter(self.large, encoding.state, kinds=kinds)
             # "No tool fits" is the retriever's decision: once it has selected tools, the small
             # model writes at least one call (left to choose, it refused far too often).
             out = self.decoder.decode(

@@ -73,6 +73,6 @@ from hyfunc.cascade.templating.decoder import (
     render_target,
     target_token_mask,
 )
-from hyfunc.cascade.templating.session import TemplateError
+from hyfunc.cascade.templating.session import TemplateError, ValueWriter
 
-__all__ = ["TemplateDecoder", "TemplatedOutput", "render_target", "target_token_mask", "TemplateError"]
+__all__ = ["TemplateDecoder", "TemplatedOutput", "render_target", "target_token_mask", "TemplateError", "ValueWriter"]

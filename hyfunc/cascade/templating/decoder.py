@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from hyfunc.cascade.templating.session import GaveUp, Session
+from hyfunc.cascade.templating.session import GaveUp, Session, ValueWriter
 from hyfunc.cascade.templating.vocab import Vocab, vocab_for
 from hyfunc.cascade.templating.walker import Walker, dumps
 from hyfunc.formats.calls import Call
@@ -73,7 +73,7 @@ class TemplateDecoder:
     def decode(
         self, step: StepOutput, tools: Sequence[Tool], require_call: bool = False, draft_source: str = "",
         on_text: Callable[[str], None] | None = None, give_up_below: float = 0.0,
-        write_value: Callable[[str], str | None] | None = None,
+        write_value: ValueWriter | None = None,
     ) -> TemplatedOutput:
         """`require_call`: at least one call when `tools` is not empty (the caller has already
         decided that a tool fits, e.g. the retriever); otherwise ``[]`` is the model's choice.
@@ -84,8 +84,8 @@ class TemplateDecoder:
         the pieces concatenate to `TemplatedOutput.text`. Engine-independent: it sees text only.
         `give_up_below`: stop, with no calls and `gave_up`, as soon as a generated token's
         probability falls below it (`session.GaveUp`).
-        `write_value`: given the text so far up to a string argument's opening quote, its content
-        (written by another model, injected here), or None to let this model write it."""
+        `write_value`: another model that may write scalar argument values (see `ValueWriter`);
+        what it writes is injected here, what it declines this model writes."""
         start = time.perf_counter()
         vocab = self.vocab(int(step.logits.shape[-1]))
         session = Session(self, vocab, step, teacher=False, draft_source=draft_source, on_text=on_text,

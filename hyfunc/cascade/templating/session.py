@@ -22,7 +22,7 @@ import math
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, Sequence
 
 import torch
 
@@ -58,15 +58,29 @@ class GaveUp(Exception):
         self.min_probability = min_probability
 
 
+class ValueWriter(Protocol):
+    """Writes scalar argument values instead of the decoding model (the cascade's large model:
+    large_values.py). Each method gets the answer text so far and returns None to decline."""
+
+    def string(self, text_so_far: str) -> str | None:
+        """A free string's content; `text_so_far` ends with its opening quote."""
+
+    def choice(self, text_so_far: str, options: Sequence[str]) -> int | None:
+        """Which enum member (options: their JSON texts) follows `text_so_far`."""
+
+    def number(self, text_so_far: str, integer: bool) -> str | None:
+        """A number's JSON text to follow `text_so_far`."""
+
+
 class Session:
     def __init__(
         self, dec: TemplateDecoder, vocab: Vocab, step: StepOutput | None, teacher: bool, draft_source: str = "",
         on_text: Callable[[str], None] | None = None, give_up_below: float = 0.0,
-        write_value: Callable[[str], str | None] | None = None,
+        write_value: ValueWriter | None = None,
     ):
         self.dec = dec
-        # Writes a string argument's content given the text so far (up to its opening quote), or
-        # returns None to leave it to the model (the cascade's large model: large_values.py).
+        # Writes scalar argument values instead of the model, or declines (the cascade's large
+        # model: large_values.py).
         self.write_value = None if teacher else write_value
         self.give_up_below = give_up_below  # see GaveUp
         self.vocab = vocab

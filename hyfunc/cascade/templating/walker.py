@@ -252,7 +252,13 @@ class Walker:
                 g = next((i for i, (_, val) in enumerate(opts) if _same(val, gold)), None)
                 if g is None:
                     raise TemplateError(f"{where}: {gold!r} is not among {[o for o, _ in opts]}")
-            s.choose([o for o, _ in opts], g)
+            texts = [o for o, _ in opts]
+            if p.enum is not None and s.write_value is not None:
+                chosen = s.write_value.choice(s.text, texts)
+                if chosen is not None:
+                    s.inject(texts[chosen])
+                    return
+            s.choose(texts, g)
             return
         if p.has_default and p.default is None:
             null_mask = self.v.mask_of(self.v.prefix_ids(["null"]))
@@ -271,7 +277,7 @@ class Walker:
         if p.type == "string":
             self.string(gold, follow, value=True)
         elif p.type in ("integer", "number"):
-            self.number(p.type == "integer", gold, where, follow)
+            self.number(p.type == "integer", gold, where, follow, value=True)
         elif p.type == "array":
             self.array(p.items, gold, where, depth)
         else:
@@ -283,7 +289,7 @@ class Walker:
         s, v = self.s, self.v
         s.inject('"')
         if value and s.write_value is not None:
-            written = s.write_value(s.text)
+            written = s.write_value.string(s.text)
             if written is not None:
                 s.inject(dumps(written)[1:])  # the content and the closing quote
                 return
@@ -305,8 +311,14 @@ class Walker:
                 s.value_so_far += piece
                 state = 1 if v.str_open[state][tid] else 0
 
-    def number(self, integer: bool, gold: Any, where: str, follow: Follow = DECISION) -> None:
+    def number(self, integer: bool, gold: Any, where: str, follow: Follow = DECISION, value: bool = False) -> None:
+        """`value`: a typed argument's value, which the session's `write_value` may write."""
         s, v = self.s, self.v
+        if value and s.write_value is not None:
+            written = s.write_value.number(s.text, integer)
+            if written is not None:
+                s.inject(written)
+                return
         target = None
         if self.teacher:
             if isinstance(gold, float) and not math.isfinite(gold):
