@@ -181,3 +181,12 @@ def test_bugs_are_not_mistaken_for_user_errors():
 def test_prepare_on_the_three_line_example_says_it_is_too_little(tmp_path, capsys):
     code, err = run(capsys, "prepare", "--data", str(EXAMPLES / "train.jsonl"), "--out", str(tmp_path / "a"))
     assert code == 2 and "too little data: 3 training and 0 validation examples" in err
+
+
+def test_ablations_take_stages_joined_by_plus(capsys):
+    from hyfunc.cli import _ablation
+
+    assert _ablation("large_choices+large_numbers") == "large_choices+large_numbers"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["eval", "bfcl", "--ablations", "large_values+nope", "--categories", "multiple"])
+    assert exit_info.value.code == 2 and "unknown stage 'nope'" in capsys.readouterr().err
