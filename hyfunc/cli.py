@@ -203,8 +203,7 @@ def _side_by_side_methods(args: argparse.Namespace) -> dict:
     kind = "routed" if getattr(args, "router", None) else "hyfunc"
     methods = {main.name if args.method == "direct" else f"{kind}@{main.large.engine}": main}
     for spec in args.ablations:
-        methods[f"hyfunc-no-{spec}"] = main.variant(
-            CascadeOptions(**{stage: False for stage in spec.split("+")}), f"hyfunc-no-{spec}")
+        methods[f"hyfunc-no-{spec}"] = main.variant(CascadeOptions.without(*spec.split("+")), f"hyfunc-no-{spec}")
     for spec in args.with_cascade:
         from hyfunc.methods.cascade import DEFAULT_ARTIFACT, HyFuncMethod
 

@@ -51,8 +51,7 @@ def main() -> int:
     main_method = HyFuncMethod.load(args.artifact)
     methods = {"hyfunc": main_method}
     for spec in args.ablations:  # a stage, or stages joined by '+' (one variant, all off)
-        options = CascadeOptions(**{stage: False for stage in spec.split("+")})
-        methods[f"hyfunc-no-{spec}"] = main_method.variant(options, f"hyfunc-no-{spec}")
+        methods[f"hyfunc-no-{spec}"] = main_method.variant(CascadeOptions.without(*spec.split("+")), f"hyfunc-no-{spec}")
     cascades = list(methods)
     if args.small_path:
         embedder = SharedEmbedder()

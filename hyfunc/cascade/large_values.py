@@ -105,8 +105,8 @@ class LargeValueWriter:
             ids = self.backend.encode(gap + option)
             step = self.backend.forward(ids=ids, cache=self._cache, logits_to_keep=len(ids))
             self._cache.crop(-len(ids))  # scored, then forgotten: the template writes the chosen one
-            rows = [self._logits] + ([step.tail_logits[i] for i in range(len(ids) - 1)] if len(ids) > 1 else [])
-            scores.append(sum(float(torch.log_softmax(row.float(), -1)[tid]) for row, tid in zip(rows, ids)))
+            rows = self._logits[None] if len(ids) == 1 else torch.cat([self._logits[None], step.tail_logits[:-1]])
+            scores.append(float(torch.log_softmax(rows.float(), -1)[range(len(ids)), ids].sum()))
             self.tokens += len(ids)
         self.values += 1
         return max(range(len(options)), key=scores.__getitem__)
@@ -169,10 +169,10 @@ def _split_gap(text: str) -> tuple[str, str]:
 
 
 def _number_end(text: str, gap: str = "") -> int | None:
-    """Where a number written after `gap` ends in `text`."""
-    if len(text) <= len(gap):
+    """Where a number written after `gap` ends in `text` (0: text that does not start with `gap`)."""
+    if not text.startswith(gap):
         return None if gap.startswith(text) else 0
-    return next((i for i, ch in enumerate(text) if i >= len(gap) and ch not in _NUMBER_CHARS), None)
+    return next((i for i in range(len(gap), len(text)) if text[i] not in _NUMBER_CHARS), None)
 
 
 def _number_value(text: str, integer: bool) -> str | None:

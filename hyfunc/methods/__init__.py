@@ -40,7 +40,7 @@ def load_method(
             HyFuncMethod,
         )
 
-        options = CascadeOptions(**{stage: False for stage in ablate})
+        options = CascadeOptions.without(*ablate)
         return HyFuncMethod.load(
             artifact or DEFAULT_ARTIFACT, options=options, device=device, large_engine=engine, small_engine=small_engine or engine
         )

@@ -76,6 +76,11 @@ class CascadeOptions:
     large_choices: bool = True
     large_numbers: bool = True
 
+    @classmethod
+    def without(cls, *stages: str) -> CascadeOptions:
+        """Every stage on but `stages` (an ablation)."""
+        return cls(**{stage: False for stage in stages})
+
     def large_value_kinds(self) -> tuple[str, ...]:
         on = {"string": self.large_values, "choice": self.large_choices, "number": self.large_numbers}
         return tuple(kind for kind, enabled in on.items() if enabled)
