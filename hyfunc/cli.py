@@ -18,6 +18,7 @@ from hyfunc.cli_checks import (
     format_answer,
     one_line,
 )
+from hyfunc.config import threads
 from hyfunc.errors import InputError, UserError
 from hyfunc.formats.bfcl import ALIASES, CATEGORIES, EXTRA_CATEGORIES
 from hyfunc.formats.calls import render_python_calls
@@ -81,6 +82,7 @@ def _build_method(args: argparse.Namespace):
     from hyfunc.methods import load_method
 
     check_method_options(args)
+    threads()  # a bad HYFUNC_THREADS fails here, not after seconds of loading behind a progress bar
     if getattr(args, "router", None) and args.method != "hyfunc":
         raise InputError("--router routes between the small path and the cascade: it needs --method hyfunc")
     start = time.perf_counter()
