@@ -256,6 +256,7 @@ def cmd_bench_library(args: argparse.Namespace) -> int:
         write_library_report,
     )
     from hyfunc.methods import load_method
+    from hyfunc.methods.cascade import CascadeOptions
 
     models = [split_engine_spec(spec)[0] for spec in args.with_direct or []]
     check_loadable(models, [args.artifact] if args.artifact else [], args.device)
@@ -266,6 +267,8 @@ def cmd_bench_library(args: argparse.Namespace) -> int:
             "hyfunc", artifact=args.artifact, device=args.device, engine=args.engine, small_engine=args.small_engine
         )
         methods = {"hyfunc": cascade}
+        for spec in args.ablations:
+            methods[f"hyfunc-no-{spec}"] = cascade.variant(CascadeOptions.without(*spec.split("+")), f"hyfunc-no-{spec}")
         progress.next("direct prompting")
         for spec in args.with_direct or [f"{cascade.large.name}@{args.engine}"]:
             model, engine, direct = _direct_baseline(spec, args, cascade.large, prefix_caching=True)
@@ -416,6 +419,10 @@ def main(argv: list[str] | None = None) -> int:
     lib.add_argument(
         "--with-direct", nargs="+", metavar="MODEL[@ENGINE]",
         help="models answering directly, each with its prefix cache (default: the cascade's large model on --engine)",
+    )
+    lib.add_argument(
+        "--ablations", nargs="+", default=[], type=_ablation, metavar="STAGE[+STAGE]",
+        help="also run the cascade with these stages off, one variant each (sharing its large-model pass)",
     )
     lib.add_argument("--device", default=None)
     lib.add_argument("--engine", default=DEFAULT_ENGINE, choices=ENGINES, help="engine of the cascade's models")

@@ -168,12 +168,19 @@ def test_library_benchmark_on_held_out_examples(tmp_path):
     prepare(config, tmp_path / "artifact", large=large, small=small)
     cascade = HyFuncMethod(large, small, Retriever.load(tmp_path / "artifact" / "retriever"), load_projector(tmp_path / "artifact"))
     direct = DirectMethod(large, max_new_tokens=4, prefix_caching=True)
-    result = run_library_benchmark({"hyfunc": cascade, "direct": direct}, examples, tools)
-    assert result["summary"]["hyfunc"]["n"] == 3 and set(result["ratio_of_medians"]) == {"hyfunc / direct"}
-    # both sides serve the library from a cache: only the request is new
+    # an ablation (`hyfunc bench library --ablations`) reads the library too and reuses each request's large pass
+    ablation = cascade.variant(CascadeOptions.without("templating"), "hyfunc-no-templating")
+    result = run_library_benchmark({"hyfunc": cascade, "hyfunc-no-templating": ablation, "direct": direct}, examples, tools)
+    assert result["summary"]["hyfunc"]["n"] == 3
+    assert set(result["ratio_of_medians"]) == {"hyfunc / direct", "hyfunc / hyfunc-no-templating"}
+    # every side serves the library from a cache: only the request is new
     assert all(r["cached_tokens"] > 0 for recs in result["records"].values() for r in recs)
+    for main, variant in zip(result["records"]["hyfunc"], result["records"]["hyfunc-no-templating"]):
+        assert variant["reused_seconds"] == main["timings"]["large_prefill"] > 0 == main["reused_seconds"]
+        assert variant["latency"] >= variant["reused_seconds"]
     paths = write_library_report(result, tmp_path / "report")
-    assert "p50 ratio hyfunc / direct" in paths["md"].read_text() and paths["png"].stat().st_size > 0
+    md = paths["md"].read_text()
+    assert "p50 ratio hyfunc / direct" in md and "Mean seconds per stage" in md and paths["png"].stat().st_size > 0
 
 
 def test_library_retriever_benchmark_and_per_function_serving(data_file, tmp_path, monkeypatch):

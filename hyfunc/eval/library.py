@@ -63,8 +63,9 @@ def run_library_benchmark(methods: dict, examples: list[Example], tools: list[To
             answer = method.answer([{"role": "user", "content": ex.query}], tools)
             records[label].append({
                 "id": ex.id,
-                "latency": answer.latency,
+                "latency": answer.latency,  # the sum of the stages' times, a reused large pass included
                 "timings": answer.timings,
+                "reused_seconds": answer.reused_seconds,
                 "input_tokens": answer.input_tokens,
                 "cached_tokens": answer.cached_tokens,
                 "output_tokens": answer.output_tokens,
@@ -116,6 +117,12 @@ def write_library_report(result: dict, out_dir: str | Path) -> dict[str, Path]:
         lines.append(f"| {label} | {s['n']} | {s['latency_median']:.3f} | {s['latency_mean']:.3f} | "
                      f"{s['cached_tokens_median']:.0f} | {100 * s['names_match']:.0f} | {100 * s['exact_match']:.0f} |")
     lines += [""] + [f"p50 ratio {name}: **{ratio:.3f}**" for name, ratio in result["ratio_of_medians"].items()]
+    stages = list(dict.fromkeys(k for recs in result["records"].values() for r in recs for k in r["timings"]))
+    lines += ["", "Mean seconds per stage (a reused large pass counts where it was reused too):", "",
+              "| method | " + " | ".join(stages) + " |", "|---|" + "---:|" * len(stages)]
+    for label, recs in result["records"].items():
+        means = [statistics.fmean(r["timings"].get(stage, 0.0) for r in recs) for stage in stages]
+        lines.append(f"| {label} | " + " | ".join(f"{m:.2f}" for m in means) + " |")
     paths["md"].write_text("\n".join(lines) + "\n", encoding="utf-8")
 
     fig, ax = plt.subplots(figsize=(7, 4))
