@@ -197,15 +197,22 @@ def _dir_name(label: str) -> str:
     return label.replace(":", "_").replace("/", "_")
 
 
-def _side_by_side_methods(args: argparse.Namespace) -> dict:
-    """The main method, its ablations and the direct baselines, sharing loaded models."""
+def _ablation_variants(cascade, specs: list[str]) -> dict:
+    """label -> the cascade with the `--ablations` item's stages off (sharing its large-model pass)."""
     from hyfunc.methods.cascade import CascadeOptions
 
+    return {
+        f"hyfunc-no-{spec}": cascade.variant(CascadeOptions.without(*spec.split("+")), f"hyfunc-no-{spec}")
+        for spec in specs
+    }
+
+
+def _side_by_side_methods(args: argparse.Namespace) -> dict:
+    """The main method, its ablations and the direct baselines, sharing loaded models."""
     main = _build_method(args)
     kind = "routed" if getattr(args, "router", None) else "hyfunc"
     methods = {main.name if args.method == "direct" else f"{kind}@{main.large.engine}": main}
-    for spec in args.ablations:
-        methods[f"hyfunc-no-{spec}"] = main.variant(CascadeOptions.without(*spec.split("+")), f"hyfunc-no-{spec}")
+    methods.update(_ablation_variants(main, args.ablations))
     for spec in args.with_cascade:
         from hyfunc.methods.cascade import DEFAULT_ARTIFACT, HyFuncMethod
 
@@ -256,7 +263,6 @@ def cmd_bench_library(args: argparse.Namespace) -> int:
         write_library_report,
     )
     from hyfunc.methods import load_method
-    from hyfunc.methods.cascade import CascadeOptions
 
     models = [split_engine_spec(spec)[0] for spec in args.with_direct or []]
     check_loadable(models, [args.artifact] if args.artifact else [], args.device)
@@ -267,8 +273,7 @@ def cmd_bench_library(args: argparse.Namespace) -> int:
             "hyfunc", artifact=args.artifact, device=args.device, engine=args.engine, small_engine=args.small_engine
         )
         methods = {"hyfunc": cascade}
-        for spec in args.ablations:
-            methods[f"hyfunc-no-{spec}"] = cascade.variant(CascadeOptions.without(*spec.split("+")), f"hyfunc-no-{spec}")
+        methods.update(_ablation_variants(cascade, args.ablations))
         progress.next("direct prompting")
         for spec in args.with_direct or [f"{cascade.large.name}@{args.engine}"]:
             model, engine, direct = _direct_baseline(spec, args, cascade.large, prefix_caching=True)
