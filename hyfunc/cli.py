@@ -24,15 +24,12 @@ from hyfunc.formats.bfcl import ALIASES, CATEGORIES, EXTRA_CATEGORIES
 from hyfunc.formats.calls import render_python_calls
 from hyfunc.formats.schema import parse_tools
 from hyfunc.formats.tools_file import read_tools_file
-from hyfunc.methods import METHODS
+from hyfunc.methods import ABLATABLE, METHODS
 from hyfunc.methods.base import Answer
 from hyfunc.methods.direct import PROMPT_STYLES
 from hyfunc.models.engines import DEFAULT_ENGINE, ENGINES, check_engine, resolve_engine
 from hyfunc.models.registry import DEFAULT_LARGE, DEFAULT_MODELS, DEFAULT_SMALL
 from hyfunc.progress import steps
-
-# The cascade's switchable stages (hyfunc.methods.cascade.CascadeOptions; not imported here: torch).
-ABLATABLE = ["soft_token", "retriever", "templating", "off_topic_gate", "large_values", "large_choices", "large_numbers"]
 
 #: Errors that are the user's to fix: printed as one line, exit status 2. Anything else is a bug
 #: and keeps its traceback. A missing file named on the command line is the user's too.

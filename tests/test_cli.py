@@ -127,6 +127,7 @@ def test_models_prepare_of_an_unknown_name_fails(capsys):
         (["demo", "--style", "native"], "--style applies to --method direct only"),
         (["demo", "--method", "direct", "--artifact", "x"], "--artifact applies to --method hyfunc only"),
         (["demo", "--method", "direct", "--ablate", "retriever"], "--ablate applies to --method hyfunc only"),
+        (["serve", "--method", "direct", "--ablate", "retriever"], "--ablate applies to --method hyfunc only"),
         (["eval", "bfcl", "--method", "direct", "--ablations", "retriever", "--categories", "multiple"],
          "--ablations applies to --method hyfunc only"),
         (["eval", "bfcl", "--method", "direct", "--with-cascade", "x", "--categories", "multiple"],

@@ -145,7 +145,7 @@ def test_eval_bfcl_cascade_records_its_config_and_artifact(cascade_dir, tmp_path
 def test_cli_ablations_are_the_cascades_switches():
     from dataclasses import fields
 
-    from hyfunc.cli import ABLATABLE
+    from hyfunc.methods import ABLATABLE
     from hyfunc.methods.cascade import CascadeOptions
 
     assert ABLATABLE == [f.name for f in fields(CascadeOptions)]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sys
 
+import httpx
 import openai
 import pytest
 from openai.lib.streaming.chat import ChatCompletionStreamState
@@ -57,3 +58,16 @@ def test_the_shipped_cascade_answers_the_readme_request() -> None:
         (streamed,) = state.current_completion_snapshot.choices[0].message.tool_calls
         assert (streamed.function.name, streamed.function.arguments) == (call.function.name, call.function.arguments)
         assert fragments >= 2
+        # The city is a free string: the large model wrote it (the stage --ablate large_values removes).
+        assert 'stage="large_values"' in httpx.get(f"{url}/metrics").text
+
+
+def test_serve_ablate_switches_the_large_models_values_off() -> None:
+    """The speed setting for a CPU without AMX: the small model writes every value."""
+    ablate = ("--ablate", "large_values", "large_choices", "large_numbers")
+    with running_server(command=_serve(*ablate), startup=900) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="secret", max_retries=0, timeout=600)
+        (call,) = client.chat.completions.create(model="hyfunc", messages=ASK, tools=TOOLS).choices[0].message.tool_calls
+        assert call.function.name == "get_weather" and json.loads(call.function.arguments)["city"] == "Paris"
+        metrics = httpx.get(f"{url}/metrics").text
+        assert 'stage="small_decode"' in metrics and 'stage="large_values"' not in metrics

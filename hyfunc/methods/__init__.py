@@ -12,6 +12,10 @@ PREFERRED_STYLE: dict[str, str] = {"qwen-coder-1.5b": "bfcl", "qwen-coder-0.5b":
 
 METHODS = ("direct", "hyfunc")
 
+# The cascade's switchable stages: the fields of hyfunc.methods.cascade.CascadeOptions (not imported
+# here, it needs torch; a test keeps the two equal).
+ABLATABLE = ["soft_token", "retriever", "templating", "off_topic_gate", "large_values", "large_choices", "large_numbers"]
+
 
 def load_method(
     name: str,

@@ -10,7 +10,7 @@ from typing import Any
 
 
 def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
-    from hyfunc.methods import METHODS
+    from hyfunc.methods import ABLATABLE, METHODS
     from hyfunc.methods.direct import PROMPT_STYLES
     from hyfunc.models.engines import DEFAULT_ENGINE, ENGINES
     from hyfunc.models.registry import DEFAULT_LARGE
@@ -23,6 +23,11 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--method", default="hyfunc", choices=METHODS, help="answering method (default: the cascade)")
     serve.add_argument("--artifact", help="cascade directory made by `hyfunc prepare` (default: the shipped one)")
+    serve.add_argument(
+        "--ablate", nargs="+", default=[], choices=ABLATABLE,
+        help="switch cascade stages off; on a CPU without AMX, `large_values large_choices large_numbers` trades "
+        "some accuracy for speed (reports/cpu-llamacpp/library-ablation)",
+    )
     serve.add_argument("--model", default=DEFAULT_LARGE, help="model of method direct: alias, local path or Hugging Face id")
     serve.add_argument("--style", default="auto", choices=["auto", *PROMPT_STYLES], help="prompting style (method direct)")
     serve.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
@@ -80,6 +85,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if not _loopback(args.host) and not args.api_key:
         print(f"warning: listening on {args.host} without an API key; anyone who can reach it can use the models",
               file=sys.stderr)
+    if args.ablate and args.method != "hyfunc":
+        print("error: --ablate applies to --method hyfunc only (direct prompting has no stages to switch off)", file=sys.stderr)
+        return 2
     config = ServeConfig(
         served_model=args.served_model_name, api_key=args.api_key, max_queue=args.max_queue,
         max_body_bytes=args.max_body_bytes, request_timeout=args.request_timeout, max_tokens_cap=args.max_tokens,
@@ -93,7 +101,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # prefix_caching: the direct method reads a fixed tool library once (exact KV reuse).
         method = load_method(
             args.method, model=args.model, style=args.style, device=args.device, prefix_caching=True, artifact=args.artifact,
-            engine=args.engine, small_engine=args.small_engine,
+            ablate=tuple(args.ablate), engine=args.engine, small_engine=args.small_engine,
         )
         print(f"loaded {method.name} in {time.perf_counter() - start:.1f}s; serving as {args.served_model_name!r}",
               file=sys.stderr)
