@@ -28,7 +28,7 @@ from hyfunc.methods import ABLATABLE, METHODS
 from hyfunc.methods.base import Answer
 from hyfunc.methods.direct import PROMPT_STYLES
 from hyfunc.models.engines import DEFAULT_ENGINE, ENGINES, check_engine, resolve_engine
-from hyfunc.models.registry import DEFAULT_LARGE, DEFAULT_MODELS, DEFAULT_SMALL
+from hyfunc.models.registry import DEFAULT_LARGE, DEFAULT_SMALL
 from hyfunc.progress import steps
 
 #: Errors that are the user's to fix: printed as one line, exit status 2. Anything else is a bug
@@ -328,35 +328,6 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_models(args: argparse.Namespace) -> int:
-    from hyfunc.models.registry import resolve_model
-
-    if args.prepare:
-        for name in args.prepare:
-            # Only the default aliases and local .gguf files are converted; anything else has
-            # nothing to prepare, and saying "done" for a typo would hide it.
-            if name not in DEFAULT_MODELS and not (name.endswith(".gguf") and Path(name).is_file()):
-                raise InputError(f"cannot prepare {name!r}: not a default alias ({', '.join(DEFAULT_MODELS)}) or an existing .gguf file")
-        for name in args.prepare:
-            start = time.perf_counter()
-            print(f"{name}: {resolve_model(name)} ({time.perf_counter() - start:.1f}s)")
-        return 0
-    for spec in DEFAULT_MODELS.values():
-        print(f"{spec.alias:18} {spec.upstream}")
-    from torch import device as torch_device
-
-    from hyfunc.models.backend import default_dtype
-
-    # What `--engine auto` runs here, and in which precision (hyfunc.models.engines.resolve_engine).
-    picks = {role: resolve_engine("auto", DEFAULT_LARGE, None, role) for role in ("large", "small", "direct")}
-    dtype = str(default_dtype(torch_device("cpu"))).removeprefix("torch.")
-    print(
-        f"engine auto on this machine: cascade large model {picks['large']}, small model {picks['small']}, "
-        f"direct prompting {picks['direct']} (transformers dtype {dtype}; llama.cpp runs the GGUF's own quantisation)"
-    )
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="hyfunc", description="Requests + tools -> function calls.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -475,9 +446,9 @@ def main(argv: list[str] | None = None) -> int:
     prep.add_argument("--seed", type=int, default=0)
     prep.set_defaults(func=cmd_prepare)
 
-    models = sub.add_parser("models", help="list the default models, or prepare (assemble + convert) them")
-    models.add_argument("--prepare", nargs="+", metavar="NAME")
-    models.set_defaults(func=cmd_models)
+    from hyfunc.models.cli import add_models_parser
+
+    add_models_parser(sub)
 
     from hyfunc.serving.cli import add_serve_parser
 
