@@ -140,3 +140,44 @@ def test_small_first_cycle_routes_on_the_small_paths_answer(setup: dict, tmp_pat
                             parse_tools(TOOLS))
     assert ping.details["path"] == "small" and [c.name for c in ping.calls] == ["ping"]
     assert weather.details["path"] == "cascade" and "tried_small_decode" in weather.timings
+
+
+def fc_train_file(path, n: int = 60) -> str:
+    """fc-train records like the stream's: ping requests (a tiny model agrees with gold) and
+    weather requests with a random city (it cannot write it). Some fall in the validation split."""
+    rng = random.Random(1)
+    with open(path, "w") as f:
+        for i in range(n):
+            if i % 2 == 0:
+                record = {"id": f"fc-{i}", "query": f"Is the service up? Check {i}.", "answers": [{"name": "ping", "arguments": {}}],
+                          "tools": [{"name": "ping", "description": "Check that the service is up"}]}
+            else:
+                city = "".join(rng.choice("qxzjkvw") for _ in range(7)).capitalize()
+                record = {"id": f"fc-{i}", "query": f"What is the weather like in {city} today?",
+                          "tools": [t["function"] for t in TOOLS], "answers": [{"name": "get_weather", "arguments": {"city": city}}]}
+            f.write(json.dumps(record) + "\n")
+    return str(path)
+
+
+def test_agreed_distillation_and_the_small_paths_labelled_accuracy(setup: dict, tmp_path) -> None:
+    """`distil_on="agreed"`: only the teacher answers the current small path reproduces (the ping
+    requests) are distilled; `labelled`: candidate and baseline small paths are scored against gold
+    on fc-train validation requests, and the scores are the ones a direct count gives."""
+    from hyfunc.routing.distil import labelled_examples
+
+    data = fc_train_file(tmp_path / "fc.jsonl")
+    labelled = labelled_examples([data], 8)
+    assert labelled and all(ex.id.startswith("fc-") for ex in labelled)
+    pings = sum(ex.answers[0].name == "ping" for ex in labelled) / len(labelled)
+    store_path = tmp_path / "traffic.sqlite"
+    with open_store(store_path) as store:
+        store.write([encode(r) for r in traffic(0, 60)])
+        config = CycleConfig(target=0.95, small_first=True, min_requests=40, selector=str(setup["selector"]),
+                             replay_data=[data], distil_on="agreed", labelled=8,
+                             distil=DistilConfig(lora_rank=4, replay_fraction=0.0))
+        report = run_cycle(store, Versions(tmp_path / "odia"), setup["artifact"], config)
+    assert report.distillation["teacher_agreed"] == "24 of 48" and report.distillation["teacher_items"] == 24, report
+    assert report.candidate["small_accuracy"] == pytest.approx(pings) == report.baseline["small_accuracy"], report
+    assert report.status == "promoted", report
+    with open_store(store_path) as store, pytest.raises(ValueError, match="replay_data"):
+        run_cycle(store, Versions(tmp_path / "odia"), setup["artifact"], CycleConfig(labelled=8))

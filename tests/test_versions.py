@@ -28,6 +28,12 @@ def test_gate_reasons() -> None:
     assert any("agreement" in r for r in worse.reasons) and any("latency" in r for r in worse.reasons)
     assert not gate(champion, Metrics(0.99, 0.5, 0.4, None)).promote  # must be scored on the holdout
     assert gate(champion, Metrics(0.98, 0.5, 0.42, 0.9), GateConfig(latency_tolerance=0.1)).promote
+    # The small path alone on the labelled set: a student that copied its teacher's mistakes is refused.
+    scored = Metrics(0.98, 0.5, 0.4, 0.9, small_accuracy=0.55)
+    assert gate(scored, Metrics(0.98, 0.6, 0.3, 0.9, small_accuracy=0.545)).promote
+    copied = gate(scored, Metrics(0.99, 0.6, 0.3, 0.9, small_accuracy=0.48))
+    assert not copied.promote and any("labelled set" in r for r in copied.reasons)
+    assert not gate(scored, Metrics(0.99, 0.6, 0.3, 0.9)).promote  # must be scored there too
 
 
 @pytest.fixture(scope="module")

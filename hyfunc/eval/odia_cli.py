@@ -69,6 +69,10 @@ def add_bench_odia_parser(bench_sub: Any) -> None:
     parser.add_argument("--min-requests", type=int, default=100, help="a cycle needs this many large-path requests")
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--max-items", type=int, default=None, help="distil on at most N teacher answers per cycle")
+    parser.add_argument("--distil-on", choices=("all", "agreed"), default="all",
+                        help="teacher answers to distil: all, or those the current small path already reproduces")
+    parser.add_argument("--labelled", type=int, default=0, metavar="N",
+                        help="each cycle's gate also scores the small path against gold on N fc-train validation requests")
     parser.add_argument("--lora-rank", type=int, default=16)
     parser.add_argument("--device", default=None)
     parser.add_argument("--seed", type=int, default=0)
@@ -99,6 +103,7 @@ def cmd_bench_odia(args: Any) -> int:
                                                          backend=cascade.large if same else None, engine=engine)
     cycle = CycleConfig(target=args.target, small_first=args.small_first, min_requests=args.min_requests,
                         replay_data=list(args.data), selector=args.selector, engine=args.engine, device=args.device,
+                        distil_on=args.distil_on, labelled=args.labelled,
                         distil=DistilConfig(epochs=args.epochs, lora_rank=args.lora_rank, max_items=args.max_items,
                                             seed=args.seed))
     config = OdiaBenchConfig(stream=args.stream, cycle_every=args.cycle_every, held_out=args.held_out,

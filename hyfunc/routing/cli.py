@@ -67,6 +67,11 @@ def add_odia_parser(subparsers: argparse._SubParsersAction) -> None:
     cycle.add_argument("--min-requests", type=int, default=100, help="fewer large-path requests: skip the cycle")
     cycle.add_argument("--replay-data", nargs="*", default=[], help="fc-train files: a replay sample mixed into distillation")
     cycle.add_argument("--replay-fraction", type=float, default=0.5, help="replay examples per teacher example")
+    cycle.add_argument("--distil-on", choices=("all", "agreed"), default="all",
+                       help="teacher answers to distil: all, or those the current small path already reproduces")
+    cycle.add_argument("--labelled", type=int, default=0, metavar="N",
+                       help="also score the small path against gold on N fc-train validation requests (from "
+                            "--replay-data); the gate refuses a candidate that loses accuracy there")
     cycle.add_argument("--selector", default=None, help="the first version's tool selector (default: the shipped one)")
     cycle.add_argument("--engine", default="transformers", help="engine the small path is measured on (as served)")
     cycle.add_argument("--epochs", type=int, default=1, help="distillation epochs")
@@ -213,6 +218,7 @@ def cmd_cycle(args: argparse.Namespace) -> int:
                 config = CycleConfig(target=args.target, small_first=args.small_first, holdout=args.holdout,
                                      min_requests=args.min_requests,
                                      since=None if window is None else started - window, replay_data=args.replay_data,
+                                     distil_on=args.distil_on, labelled=args.labelled,
                                      selector=args.selector, engine=args.engine, gate=gate, distil=distil)
                 try:
                     report = run_cycle(store, versions, args.artifact or DEFAULT_ARTIFACT, config, embedder)
@@ -251,8 +257,9 @@ def cmd_status(args: argparse.Namespace) -> int:
             mark = "champion" if m["id"] == champion else "previous" if m["id"] == previous else ""
             x = m["metrics"]
             accuracy = "-" if x.get("accuracy") is None else f"{x['accuracy']:.2%}"
+            labelled = "" if x.get("small_accuracy") is None else f"  small path on the labelled set {x['small_accuracy']:.2%}"
             print(f"{m['id']}  {mark:8}  share {x['share']:6.1%}  agreement {x['agreement']:7.2%}  "
-                  f"accuracy {accuracy:>7}  latency {x['mean_latency'] * 1e3:8.1f} ms  {m['note']}")
+                  f"accuracy {accuracy:>7}  latency {x['mean_latency'] * 1e3:8.1f} ms{labelled}  {m['note']}")
         return 0
 
     return _run(body)

@@ -87,6 +87,17 @@ def replay_examples(data: Sequence[str], n: int, seed: int) -> list[Example]:
     return sample_by_pattern(callers, n, seed) if n < len(callers) else callers
 
 
+def labelled_examples(data: Sequence[str], n: int, seed: int = 0) -> list[Example]:
+    """n call requests from fc-train's *validation* split with their gold calls, sampled by call
+    pattern as `scripts/fc_validation.py` samples (the same seed gives the same requests): the
+    gate's fixed labelled set for the small path."""
+    if n <= 0 or not data:
+        return []
+    _, val = split_examples(load_examples(list(data)))
+    callers = [ex for ex in val if ex.answers and ex.tools]
+    return sample_by_pattern(callers, n, seed) if n < len(callers) else callers
+
+
 def narrowed(examples: Sequence[Example], selector: ToolSelector) -> list[Example]:
     """Each example with the tools the small path will read: the selector's, plus any tool the
     answer calls that it missed (so the target is always writable)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Mapping, Sequence
 
+from hyfunc.cascade.data import Example
 from hyfunc.errors import InputError
 from hyfunc.formats.calls import Call, same_calls
 from hyfunc.routing.mining import SmallOutput, SmallPath
@@ -74,3 +75,15 @@ def replay_router(store: TrafficStore, router: Any, small_path: SmallPath, query
     if not router.needs_small_answer:
         return replay(store, route, small_path, query, gold)
     return replay(store, route, first, query, gold, small_first=True)
+
+
+def small_path_accuracy(small_path: SmallPath, examples: Sequence[Example]) -> float:
+    """The small path alone against gold (`same_calls`) on labelled requests, e.g. `labelled_examples`."""
+    if not examples:
+        raise InputError("no labelled examples to score the small path on")
+    correct = 0
+    for ex in examples:
+        tools = [t.to_openai() for t in ex.tools]
+        answer = small_path([{"role": "user", "content": ex.query}], tools)
+        correct += same_calls(_calls(answer.calls), ex.answers)
+    return correct / len(examples)

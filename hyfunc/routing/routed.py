@@ -83,17 +83,23 @@ def small_description(base_model: str, adapter: bool) -> dict:
             "adapter": "adapter" if adapter else None, "selector": "selector"}
 
 
+def open_small(base_model: str, adapter: Path | None, selector: Path, embedder: Embedder, engine: str = "auto",
+               device: str | None = None, version: str | None = None) -> SmallMethod:
+    """A small path from its parts: the base model, its LoRA adapter, the tool selector."""
+    from hyfunc.models.engines import load_backend
+
+    backend = load_backend(base_model, engine, device=device, adapter=adapter, role="small")
+    return SmallMethod(backend, ToolSelector.load(selector, embedder), version=version)
+
+
 def load_small(directory: str | Path, embedder: Embedder, engine: str = "auto", device: str | None = None,
                version: str | None = None) -> SmallMethod:
     """The small path of a version's ``small/`` directory, on `engine`."""
-    from hyfunc.models.engines import load_backend
-
     directory = Path(directory)
     description = json.loads((directory / SMALL_MANIFEST).read_text())
     adapter = directory / description["adapter"] if description.get("adapter") else None
-    backend = load_backend(description["base_model"], engine, device=device, adapter=adapter, role="small")
-    selector = ToolSelector.load(directory / description["selector"], embedder)
-    return SmallMethod(backend, selector, version=version)
+    return open_small(description["base_model"], adapter, directory / description["selector"], embedder, engine,
+                      device, version)
 
 
 def load_version(directory: str | Path, embedder: Embedder, engine: str = "auto", device: str | None = None,

@@ -7,8 +7,8 @@ decides whether a candidate replaces the champion.
 - Aliases live in `aliases.json`: `champion` and the stack of earlier champions. Promotion and
   rollback rewrite that one file atomically (write + rename), so a server polling it switches
   from one complete version to another, never to something in between.
-- The gate refuses a candidate whose agreement with the large path or accuracy drops by more than
-  a tolerance, or whose latency grows; it says why.
+- The gate refuses a candidate whose agreement with the large path, accuracy, or small path's
+  accuracy on a labelled set drops by more than a tolerance, or whose latency grows; it says why.
 """
 from __future__ import annotations
 
@@ -35,6 +35,9 @@ class Metrics:
     share: float  # share of requests served by the small path
     mean_latency: float  # seconds per request, routed system
     accuracy: float | None = None  # against a labelled holdout (feedback, gold), when there is one
+    # The small path alone against gold on a fixed labelled set (fc-train validation): a distilled
+    # student can copy its teacher's mistakes, which agreement with the teacher cannot show.
+    small_accuracy: float | None = None
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,12 @@ def gate(champion: Metrics | None, candidate: Metrics, config: GateConfig = Gate
         elif candidate.accuracy < champion.accuracy - config.accuracy_tolerance:
             reasons.append(f"accuracy {candidate.accuracy:.2%} < champion's {champion.accuracy:.2%} - "
                            f"{config.accuracy_tolerance:.2%}")
+    if champion.small_accuracy is not None:
+        if candidate.small_accuracy is None:
+            reasons.append("candidate's small path was not scored on the labelled set")
+        elif candidate.small_accuracy < champion.small_accuracy - config.accuracy_tolerance:
+            reasons.append(f"small path's accuracy on the labelled set {candidate.small_accuracy:.2%} < "
+                           f"champion's {champion.small_accuracy:.2%} - {config.accuracy_tolerance:.2%}")
     if candidate.mean_latency > champion.mean_latency * (1 + config.latency_tolerance):
         reasons.append(f"mean latency {candidate.mean_latency * 1e3:.1f} ms > champion's "
                        f"{champion.mean_latency * 1e3:.1f} ms")

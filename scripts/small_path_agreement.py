@@ -1,0 +1,59 @@
+"""A version's small path on the fc-train validation requests of a committed `fc_validation.py
+--small-path` run: agreement with that run's cascade answers and exact calls against gold, with
+no cascade pass (its answers are read from the report).
+
+    python scripts/small_path_agreement.py --reference reports/cpu-llamacpp/fc-validation-small-path.json \
+        --version <versions dir>/versions/<id> --out small-path-agreement.json
+
+`--version` is a version directory (its `small/`) or a `small/`-like directory of its own.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from hyfunc.cascade.data import load_examples, split_examples
+from hyfunc.eval.provenance import provenance
+from hyfunc.formats.calls import Call, same_calls
+from hyfunc.routing.routed import SharedEmbedder, load_small
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reference", required=True, help="a fc_validation.py report (its rows give requests and cascade answers)")
+    parser.add_argument("--data", nargs="+", default=["../shared/data/fc-train"])
+    parser.add_argument("--version", required=True)
+    parser.add_argument("--engine", default="auto")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+
+    reference = json.loads(Path(args.reference).read_text())
+    _, val = split_examples(load_examples(args.data))
+    by_id = {ex.id: ex for ex in val}
+    version = Path(args.version)
+    small = load_small(version / "small" if (version / "small").is_dir() else version, SharedEmbedder(), args.engine)
+    rows = []
+    for row in reference["rows"]:
+        ex = by_id[row["id"]]
+        started = time.perf_counter()
+        answer = small.answer([{"role": "user", "content": ex.query}], ex.tools)
+        seconds = time.perf_counter() - started
+        calls = [Call(c.name, c.arguments) for c in answer.calls]
+        rows.append({"id": ex.id, "seconds": seconds, "calls": [[c.name, c.arguments] for c in calls],
+                     "agrees": same_calls(calls, [Call(n, dict(a)) for n, a in row["hyfunc"]["calls"]]),
+                     "exact": same_calls(calls, ex.answers), "confidence": answer.details.get("confidence")})
+    summary = {"n": len(rows), "agrees_with_cascade": sum(r["agrees"] for r in rows), "exact": sum(r["exact"] for r in rows),
+               "median_seconds": statistics.median(r["seconds"] for r in rows), "small": small.config}
+    out = {"command": sys.argv, "provenance": provenance([small]),
+           "reference": args.reference, "summary": summary, "rows": rows}
+    Path(args.out).write_text(json.dumps(out, indent=2, default=str))
+    print(json.dumps(summary, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
