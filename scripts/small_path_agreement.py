@@ -1,6 +1,10 @@
 """A version's small path on the fc-train validation requests of a committed `fc_validation.py
 --small-path` run: agreement with that run's cascade answers and exact calls against gold, with
-no cascade pass (its answers are read from the report).
+no cascade pass (its answers are read from the report). When the version has a router, also the
+routed system: the router's decision on each request (from the small path's answer, as small-first
+serving decides) and its calls (the small path's where routed, else the cascade's from the report),
+against gold beside the cascade alone. The cascade's off-topic gate is not run: these are all call
+requests.
 
     python scripts/small_path_agreement.py --reference reports/cpu-llamacpp/fc-validation-small-path.json \
         --version <versions dir>/versions/<id> --out small-path-agreement.json
@@ -20,6 +24,7 @@ from hyfunc.cascade.data import load_examples, split_examples
 from hyfunc.eval.provenance import provenance
 from hyfunc.formats.calls import Call, same_calls
 from hyfunc.routing.routed import SharedEmbedder, load_small
+from hyfunc.routing.router import Router
 
 
 def main() -> int:
@@ -35,7 +40,9 @@ def main() -> int:
     _, val = split_examples(load_examples(args.data))
     by_id = {ex.id: ex for ex in val}
     version = Path(args.version)
-    small = load_small(version / "small" if (version / "small").is_dir() else version, SharedEmbedder(), args.engine)
+    embedder = SharedEmbedder()
+    small = load_small(version / "small" if (version / "small").is_dir() else version, embedder, args.engine)
+    router = Router.load(version / "router", embedder=embedder) if (version / "router").is_dir() else None
     rows = []
     for row in reference["rows"]:
         ex = by_id[row["id"]]
@@ -43,11 +50,23 @@ def main() -> int:
         answer = small.answer([{"role": "user", "content": ex.query}], ex.tools)
         seconds = time.perf_counter() - started
         calls = [Call(c.name, c.arguments) for c in answer.calls]
-        rows.append({"id": ex.id, "seconds": seconds, "calls": [[c.name, c.arguments] for c in calls],
-                     "agrees": same_calls(calls, [Call(n, dict(a)) for n, a in row["hyfunc"]["calls"]]),
-                     "exact": same_calls(calls, ex.answers), "confidence": answer.details.get("confidence")})
+        cascade_calls = [Call(n, dict(a)) for n, a in row["hyfunc"]["calls"]]
+        out_row = {"id": ex.id, "seconds": seconds, "calls": [[c.name, c.arguments] for c in calls],
+                   "agrees": same_calls(calls, cascade_calls), "exact": same_calls(calls, ex.answers),
+                   "confidence": answer.details.get("confidence")}
+        if router is not None:
+            messages = [{"role": "user", "content": ex.query}]
+            routed = router.route(messages, ex.tools, answer.calls, answer.details.get("confidence")) == "small"
+            out_row.update({"routed_small": routed, "routed_exact": out_row["exact"] if routed else row["hyfunc"]["exact"]})
+        rows.append(out_row)
     summary = {"n": len(rows), "agrees_with_cascade": sum(r["agrees"] for r in rows), "exact": sum(r["exact"] for r in rows),
                "median_seconds": statistics.median(r["seconds"] for r in rows), "small": small.config}
+    if router is not None:
+        on_small = [r for r in rows if r["routed_small"]]
+        summary["routed"] = {"threshold": router.threshold, "on_small": len(on_small),
+                             "agreeing_on_small": sum(r["agrees"] for r in on_small),
+                             "exact": sum(r["routed_exact"] for r in rows),
+                             "cascade_exact": sum(bool(r["hyfunc"]["exact"]) for r in reference["rows"])}
     out = {"command": sys.argv, "provenance": provenance([small]),
            "reference": args.reference, "summary": summary, "rows": rows}
     Path(args.out).write_text(json.dumps(out, indent=2, default=str))
