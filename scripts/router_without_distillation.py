@@ -11,13 +11,19 @@ import json
 import shutil
 import sys
 from pathlib import Path
+
 from hyfunc.cascade.selector import default_selector_dir
 from hyfunc.methods.cascade import DEFAULT_ARTIFACT
 from hyfunc.routing.mining import method_small_path, mine
-from hyfunc.routing.routed import SMALL_MANIFEST, SharedEmbedder, load_small, small_description
+from hyfunc.routing.routed import (
+    SMALL_MANIFEST,
+    SharedEmbedder,
+    load_small,
+    small_description,
+)
 from hyfunc.routing.router import RoutingExample, train_router
-from hyfunc.routing.stores import open_store
 from hyfunc.routing.store import Query
+from hyfunc.routing.stores import open_store
 
 store_path, cycle_json, out = sys.argv[1], sys.argv[2], Path(sys.argv[3])
 held_since = json.loads(Path(cycle_json).read_text())["window"]["held_out_since"]
@@ -37,7 +43,7 @@ with open_store(store_path) as store:
                   relabel=True, save=labels.extend)
     created = {s.request.request_id: s.request.created for s in store.iter_requests(query)}
 print("mining", report.labelled, report.simple, report.simple_share)
-examples = [RoutingExample(l.features, None, l.simple, created[l.request_id]) for l in labels]
+examples = [RoutingExample(label.features, None, label.simple, created[label.request_id]) for label in labels]
 router = train_router(examples, target=0.85, use_small_answer=True, embedder=embedder, embedder_name=None,
                       window={"since": None, "until": held_since})
 router.save(out / "router")
