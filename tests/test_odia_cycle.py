@@ -181,3 +181,26 @@ def test_agreed_distillation_and_the_small_paths_labelled_accuracy(setup: dict, 
     assert report.status == "promoted", report
     with open_store(store_path) as store, pytest.raises(ValueError, match="replay_data"):
         run_cycle(store, Versions(tmp_path / "odia"), setup["artifact"], CycleConfig(labelled=8))
+
+
+def test_a_cycle_without_distillation_keeps_the_small_model_and_retrains_the_router(setup: dict, tmp_path) -> None:
+    """`distil_on="none"`: after a distilled champion, the next candidate's adapter is the
+    champion's, byte for byte; mining, the router and the gate run as usual on the new window."""
+    store_path = tmp_path / "traffic.sqlite"
+    versions = Versions(tmp_path / "odia")
+    base = dict(target=0.95, small_first=True, min_requests=40, selector=str(setup["selector"]))
+    with open_store(store_path) as store:
+        store.write([encode(r) for r in traffic(0, 60)])
+        first = run_cycle(store, versions, setup["artifact"], CycleConfig(**base, distil=DistilConfig(lora_rank=4, max_items=16)))
+        assert first.status == "promoted" and first.distillation["teacher_items"] == 16, first
+        store.write([encode(r) for r in traffic(60, 60)])
+        second = run_cycle(store, versions, setup["artifact"], CycleConfig(**base, distil_on="none"))
+    assert "skipped" in second.distillation and "teacher_items" not in second.distillation, second
+    assert second.version and second.mining["labelled"] == second.window["train"] == 96, second
+    champion = versions.path(first.version) / "small" / "adapter"
+    kept = versions.path(second.version) / "small" / "adapter"
+    files = sorted(p.relative_to(champion) for p in champion.rglob("*") if p.is_file())
+    assert files and sorted(p.relative_to(kept) for p in kept.rglob("*") if p.is_file()) == files
+    assert all((kept / f).read_bytes() == (champion / f).read_bytes() for f in files)
+    with open_store(store_path) as store, pytest.raises(ValueError, match="distil_on"):
+        run_cycle(store, versions, setup["artifact"], CycleConfig(distil_on="some"))

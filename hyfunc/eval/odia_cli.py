@@ -69,8 +69,9 @@ def add_bench_odia_parser(bench_sub: Any) -> None:
     parser.add_argument("--min-requests", type=int, default=100, help="a cycle needs this many large-path requests")
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--max-items", type=int, default=None, help="distil on at most N teacher answers per cycle")
-    parser.add_argument("--distil-on", choices=("all", "agreed"), default="all",
-                        help="teacher answers to distil: all, or those the current small path already reproduces")
+    parser.add_argument("--distil-on", choices=("all", "agreed", "none"), default="all",
+                        help="teacher answers to distil: all, those the current small path already reproduces, "
+                            "or none (keep the small model, retrain the router)")
     parser.add_argument("--labelled", type=int, default=0, metavar="N",
                         help="each cycle's gate also scores the small path against gold on N fc-train validation requests")
     parser.add_argument("--lora-rank", type=int, default=16)

@@ -67,8 +67,9 @@ def add_odia_parser(subparsers: argparse._SubParsersAction) -> None:
     cycle.add_argument("--min-requests", type=int, default=100, help="fewer large-path requests: skip the cycle")
     cycle.add_argument("--replay-data", nargs="*", default=[], help="fc-train files: a replay sample mixed into distillation")
     cycle.add_argument("--replay-fraction", type=float, default=0.5, help="replay examples per teacher example")
-    cycle.add_argument("--distil-on", choices=("all", "agreed"), default="all",
-                       help="teacher answers to distil: all, or those the current small path already reproduces")
+    cycle.add_argument("--distil-on", choices=("all", "agreed", "none"), default="all",
+                       help="teacher answers to distil: all, those the current small path already reproduces, "
+                            "or none (keep the small model, retrain the router)")
     cycle.add_argument("--labelled", type=int, default=0, metavar="N",
                        help="also score the small path against gold on N fc-train validation requests (from "
                             "--replay-data); the gate refuses a candidate that loses accuracy there")

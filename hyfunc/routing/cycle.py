@@ -9,7 +9,10 @@ split by time: the older part trains, the newest `holdout` share is held out for
    current small path already reproduces (mined first), leaving out teacher mistakes such as
    optional values the request never stated. Measured on 90 fc-train validation requests
    (non-AMX CPU, llama.cpp): the cascade's own small path 50 exact; distilled on all answers 43;
-   on agreed answers only 45. Hence `labelled`: the gate's check against gold;
+   on agreed answers only 45; on 125 answers (all) 38, and 45 agreeing with the cascade against 50
+   undistilled. Hence `labelled`: the gate's check against gold; and `distil_on="none"`: keep the
+   current small model and retrain only the router (the same window routed 46 of those 90 requests,
+   48 exact against the cascade's 47, reports/cpu-llamacpp/odia-distil-scale/);
 2. mine: the candidate small path (that adapter + the champion's tool selector) on the training
    window, labelled simple where its calls equal the teacher's (mining.py; kept in memory);
 3. router: a logistic router on those labels, its threshold calibrated for `target` agreement
@@ -61,6 +64,9 @@ from hyfunc.routing.store import LARGE_PATHS, Label, Query, TrafficStore
 from hyfunc.routing.versions import GateConfig, Metrics, Verdict, Versions, gate
 
 
+DISTIL_ON = ("all", "agreed", "none")  # which teacher answers a cycle distils
+
+
 @dataclass
 class CycleConfig:
     target: float = 0.99  # the router's agreement with the large path on held-out traffic
@@ -71,7 +77,7 @@ class CycleConfig:
     min_requests: int = 100  # fewer large-path requests in the window: no cycle
     since: float | None = None  # the window's start (Unix s); None: all logged traffic
     replay_data: list[str] = field(default_factory=list)  # fc-train, for the distillation's replay sample
-    distil_on: str = "all"  # "all" teacher answers, or those the current small path "agreed" with
+    distil_on: str = "all"  # "all" teacher answers, those the current small path "agreed" with, or "none"
     labelled: int = 0  # fc-train validation requests (from replay_data) scoring the small path against gold
     selector: str | None = None  # the first version's tool selector (default: the shipped one)
     engine: str = "auto"  # what the small path is measured on (as it will be served)
@@ -119,8 +125,8 @@ def _gold(store: TrafficStore, query: Query, extra: Mapping[str, list[dict]] | N
 def run_cycle(store: TrafficStore, versions: Versions, artifact: str | Path, config: CycleConfig | None = None,
               embedder: Embedder | None = None, gold: Mapping[str, list[dict]] | None = None) -> CycleReport:
     config = config or CycleConfig()
-    if config.distil_on not in ("all", "agreed"):
-        raise ValueError(f"distil_on must be 'all' or 'agreed', got {config.distil_on!r}")
+    if config.distil_on not in DISTIL_ON:
+        raise ValueError(f"distil_on must be one of {', '.join(DISTIL_ON)}, got {config.distil_on!r}")
     if config.labelled and not config.replay_data:
         raise ValueError("scoring the small path on labelled requests needs fc-train (replay_data)")
     started = time.perf_counter()
@@ -183,11 +189,19 @@ def run_cycle(store: TrafficStore, versions: Versions, artifact: str | Path, con
             if not teacher:
                 report.reasons = ["the current small path reproduces no teacher answer of the training window"]
                 return report
-        fc_replay = replay_examples(config.replay_data, int(config.distil.replay_fraction * len(teacher)) + 1,
-                                    config.distil.seed)
-        report.distillation.update(distil(base_model, warm, teacher, fc_replay, selector, work / "distil", config.distil))
-        shutil.move(str(work / "distil" / "adapter"), str(candidate_dir / "adapter"))
-        (candidate_dir / SMALL_MANIFEST).write_text(json.dumps(small_description(base_model, adapter=True)))
+        if config.distil_on == "none":
+            # The current small model as it is: only the router is retrained on this window's labels.
+            if warm is not None:
+                shutil.copytree(warm, candidate_dir / "adapter")
+            report.distillation["skipped"] = "distil_on='none': the current small model, a new router"
+        else:
+            fc_replay = replay_examples(config.replay_data, int(config.distil.replay_fraction * len(teacher)) + 1,
+                                        config.distil.seed)
+            report.distillation.update(distil(base_model, warm, teacher, fc_replay, selector, work / "distil",
+                                              config.distil))
+            shutil.move(str(work / "distil" / "adapter"), str(candidate_dir / "adapter"))
+        adapter = (candidate_dir / "adapter").is_dir()
+        (candidate_dir / SMALL_MANIFEST).write_text(json.dumps(small_description(base_model, adapter=adapter)))
         small = load_small(candidate_dir, embedder, config.engine, config.device, version="candidate")
 
         labels: list[Label] = []
