@@ -168,3 +168,19 @@ def test_hyfunc_call_routes_and_logs_the_path(tmp_path: Path, small_model: Path)
         paths = {s.request.messages[0]["content"]: s.request.path for s in opened.iter_requests()}
     assert paths == {SHORT: "small", LONG: "cascade"}
     assert main(["call", "--tools", str(tools), "--query", SHORT, "--method", "direct", "--router", str(versions.root)]) == 2
+
+
+def test_a_small_first_router_escalates_a_value_the_request_does_not_give(tmp_path: Path, small_model: Path) -> None:
+    from hyfunc.formats.calls import Call
+    from hyfunc.methods.base import Answer
+    from tests.test_grounding import WEATHER
+
+    version = tiny_version(tmp_path / "v", small_model, threshold=0.0, small_first=True)  # routes every answer
+    routed = RoutedMethod.load(tiny_cascade(), version)
+    tools = parse_tools([WEATHER])
+    messages = _ask("Weather in Boston, MA?")
+    copied = Answer([Call("get_current_weather", {"location": "Boston, MA"})], details={"confidence": 0.9})
+    assert routed.choose(messages, tools, small_answer=copied)[0] == "small"
+    bare = Answer([Call("get_current_weather", {"location": "Boston"})], details={"confidence": 0.9})
+    assert routed.choose(messages, tools, small_answer=bare) == ("cascade", None)
+    assert bare.details["escalated"] == [str(u) for u in routed.routing.router.escalations(messages, tools, bare.calls)]

@@ -156,3 +156,18 @@ def test_cli_trains_a_router(mined, tmp_path: Path, capsys: pytest.CaptureFixtur
     router = Router.load(out)
     assert router.manifest["target"] == 0.97 and router.embedder_name == "all-MiniLM-L6-v2"
     assert main(["odia", "train-router", "--store", str(tmp_path / "none.sqlite"), "--out", str(out)]) == 2
+
+
+def test_a_small_answer_with_a_value_the_request_does_not_give_goes_to_the_large_path() -> None:
+    """Whatever its score: the small model copies words, and the description asks for more."""
+    from tests.odia_fixtures import length_router
+    from tests.test_grounding import WEATHER
+
+    router = length_router(threshold=0.0, small_first=True)  # every scored answer would go to the small path
+    messages = [{"role": "user", "content": "Weather in Boston, MA?"}]
+    copied = [{"name": "get_current_weather", "arguments": {"location": "Boston, MA"}}]
+    bare = [{"name": "get_current_weather", "arguments": {"location": "Boston"}}]
+    assert router.route(messages, [WEATHER], copied, 0.9) == "small"
+    assert router.route(messages, [WEATHER], bare, 0.9) == "large"
+    assert [u.reason for u in router.escalations(messages, [WEATHER], bare)] == ["separators"]
+    assert router.escalations(messages, [WEATHER], None) == []  # nothing answered yet: nothing to check

@@ -229,6 +229,10 @@ class RoutedMethod:
                 raise ValueError("this router reads the small path's answer: run it first")
             if small_answer.details.get("gave_up"):
                 return "cascade", None  # its confidence fell below the router's floor
+            escalations = routing.router.escalations(messages, tools, small_answer.calls)
+            if escalations:
+                small_answer.details["escalated"] = [str(e) for e in escalations]
+                return "cascade", None
             calls, confidence = small_answer.calls, small_answer.details.get("confidence")
         score = routing.router.score(messages, tools, calls, confidence)
         return ("small" if score >= routing.router.threshold else "cascade"), score
@@ -255,6 +259,8 @@ class RoutedMethod:
             routing.small.answer(messages, tools) if path == "small" else self.cascade.answer(messages, tools))
         if small_answer is not None and path == "cascade":
             answer.timings.update({f"tried_{k}": v for k, v in small_answer.timings.items()})
+            if "escalated" in small_answer.details:
+                answer.details["escalated"] = small_answer.details["escalated"]
         answer.timings["route"] = route_seconds
         answer.details.update({"path": path, "router_score": score, "version": routing.version, "explored": explored})
         return answer

@@ -25,6 +25,7 @@ import numpy as np
 from safetensors.numpy import load_file, save_file
 
 from hyfunc.formats.messages import request_text
+from hyfunc.formats.grounding import Ungrounded, ungrounded_values
 from hyfunc.routing.features import scalar_features
 from hyfunc.routing.store import Query, TrafficStore
 
@@ -147,10 +148,21 @@ class Router:
     def route(self, messages: Sequence[dict], tools: Sequence[Any], small_calls: Sequence[Any] | None = None,
               small_confidence: float | None = None, gave_up: bool = False) -> str:
         """"small" when the small path is expected to answer as the large path would, else "large".
-        `gave_up`: the small path stopped below `confidence_floor`, so it cannot be "small"."""
-        if gave_up:
+        `gave_up`: the small path stopped below `confidence_floor`, so it cannot be "small"; nor can
+        an answer with a value the request does not give (`escalations`)."""
+        if gave_up or self.escalations(messages, tools, small_calls):
             return "large"
         return "small" if self.score(messages, tools, small_calls, small_confidence) >= self.threshold else "large"
+
+    @staticmethod
+    def escalations(messages: Sequence[dict], tools: Sequence[Any], small_calls: Sequence[Any] | None) -> list[Ungrounded]:
+        """Why the small path's answer goes to the large path whatever its score: values the
+        request does not give (hyfunc.formats.grounding), which the small model guesses and the
+        cascade's large model writes better. A rule, not a feature: fc-train's tools rarely
+        describe a form, so traffic like it would not teach the router this."""
+        if not small_calls:
+            return []
+        return ungrounded_values(small_calls, tools, request_text(messages))
 
     def confidence_floor(self, messages: Sequence[dict], tools: Sequence[Any], max_calls: int = 8) -> float:
         """The lowest small-path confidence at which this request could still be routed to the

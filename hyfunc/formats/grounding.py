@@ -1,0 +1,139 @@
+"""Argument values the request does not give: what a small-first router escalates.
+
+The small path's 0.5B was trained on requests whose values copy their words, and it copies well.
+Where a value must come from elsewhere it guesses, and the cascade's large model, which writes
+values reading the request and the description, does better. So an answer goes to the cascade when
+it holds a value that is
+
+- a number the request does not state (in digits, or as a word up to twelve) and the parameter's
+  own description or default do not either: find_roots(a=1, b=1) for "the roots of bx + c = 0";
+- a string whose parameter's description prescribes a form by quoted examples ("in the format of
+  'City, State (abbr)', such as 'San Francisco, CA'"), where the value lacks the separators
+  (``, / : ; @``) of every example ("San Francisco"; a parenthesised note like "(abbr)" is not part
+  of the form), or has them without being the request's own words ("Boston, CA" from "Boston",
+  "221 Baker Street" from "221B Baker Street"). Descriptions that announce no form ("format",
+  "e.g.", "such as", "for example") or quote none are not read.
+
+Enum members and booleans are never checked: the schema gives them.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+from hyfunc.formats.calls import Call
+from hyfunc.formats.schema import Param, Tool, parse_tools
+
+_CUE = re.compile(r"\bformat|e\.g\.|such as|for example|\bexample", re.IGNORECASE)
+_QUOTED = re.compile(r"'([^'\n]{1,80})'|\"([^\"\n]{1,80})\"")
+_SEPARATORS = re.compile(r"[,/:;@]")
+_NOTE = re.compile(r"\([^)]*\)")
+_SPACE = re.compile(r"\s+")
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
+_NUMBER_WORDS = {w: i for i, w in enumerate("zero one two three four five six seven eight nine ten eleven twelve".split())}
+
+SEPARATORS, NOT_COPIED, NOT_STATED = "separators", "not copied", "number not stated"
+
+
+@dataclass(frozen=True)
+class Ungrounded:
+    tool: str
+    path: str  # the argument's path, e.g. "location" or "stops[1]"
+    value: Any
+    reason: str  # SEPARATORS | NOT_COPIED | NOT_STATED
+    examples: tuple[str, ...] = ()  # the description's quoted examples (string forms)
+
+    def __str__(self) -> str:
+        where = f"{self.tool}.{self.path}={self.value!r}"
+        shown = ", ".join(repr(e) for e in self.examples)
+        if self.reason == SEPARATORS:
+            return f"{where} lacks the form of {shown}"
+        if self.reason == NOT_COPIED:
+            return f"{where} has the form of {shown} but is not the request's words"
+        return f"{where}: the request states no such number"
+
+
+def described_examples(description: str) -> tuple[str, ...]:
+    """The quoted examples of a description that announces a form; () when it announces none."""
+    if not _CUE.search(description):
+        return ()
+    return tuple(a or b for a, b in _QUOTED.findall(description))
+
+
+def stated_numbers(text: str) -> set[float]:
+    """Numbers `text` states, in digits ("1,000" read both as 1000 and as 1 and 0) or as words up to twelve."""
+    found = {float(n) for t in (text, _THOUSANDS.sub("", text)) for n in _NUMBER.findall(t)}
+    found |= {float(_NUMBER_WORDS[w]) for w in re.findall(r"[a-z]+", text.lower()) if w in _NUMBER_WORDS}
+    return found | {-n for n in found}  # a sign is often said in words ("minus 3", "3 below zero")
+
+
+def _separators(text: str) -> str:
+    return "".join(_SEPARATORS.findall(_NOTE.sub("", text)))
+
+
+def _normal(text: str) -> str:
+    return _SPACE.sub(" ", text).strip().casefold()
+
+
+class _Request:
+    def __init__(self, text: str):
+        self.text, self.numbers = _normal(text), stated_numbers(text)
+
+
+def _check(value: Any, param: Param, request: _Request) -> tuple[str, tuple[str, ...]] | None:
+    if param.enum is not None or isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        own = stated_numbers(param.description) | stated_numbers(str(param.default) if param.has_default else "")
+        return None if float(value) in request.numbers | own else (NOT_STATED, ())
+    if not isinstance(value, str):
+        return None
+    examples = described_examples(param.description)
+    if not examples:
+        return None
+    if _separators(value) not in {_separators(e) for e in examples}:
+        return SEPARATORS, examples
+    return None if _normal(value) in request.text else (NOT_COPIED, examples)
+
+
+def _walk(value: Any, param: Param, path: str, request: _Request) -> Iterable[tuple[str, Any, str, tuple[str, ...]]]:
+    if isinstance(value, list):
+        if param.items is not None:
+            for i, item in enumerate(value):
+                yield from _walk(item, param.items, f"{path}[{i}]", request)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            if key in param.properties:
+                yield from _walk(item, param.properties[key], f"{path}.{key}", request)
+    else:
+        found = _check(value, param, request)
+        if found is not None:
+            yield path, value, *found
+
+
+def _as_call(call: Call | Mapping[str, Any]) -> Call | None:
+    if isinstance(call, Call):
+        return call
+    name = call.get("name") if isinstance(call, Mapping) else None
+    return Call(name, dict(call.get("arguments") or {})) if isinstance(name, str) else None
+
+
+def ungrounded_values(calls: Iterable[Call | Mapping[str, Any]], tools: Sequence[Tool | Mapping[str, Any]],
+                      request: str) -> list[Ungrounded]:
+    """Every argument of `calls` (Call objects or {"name", "arguments"} mappings) that `request`
+    does not give (see the module docstring). Calls of tools not offered are skipped: the schema
+    check (hyfunc.formats.validate) reports those."""
+    by_name = {tool.name: tool for tool in parse_tools(tools)}
+    said = _Request(request)
+    found: list[Ungrounded] = []
+    for call in filter(None, map(_as_call, calls)):
+        tool = by_name.get(call.name)
+        if tool is None:
+            continue
+        for key, value in call.arguments.items():
+            if key in tool.parameters:
+                for path, written, reason, examples in _walk(value, tool.parameters[key], key, said):
+                    found.append(Ungrounded(tool.name, path, written, reason, examples))
+    return found
