@@ -4,7 +4,10 @@ against the cascade and the direct large model.
 
 The data are in fc-train's format: "is the service up?" requests offered only `ping` (the tiny
 cascade calls ping(), and so does any small path that writes a call: simple), and weather
-requests offered three tools (random answers on both sides: rarely the same)."""
+requests offered three tools, whose required enum `detail` the cascade's large model chooses and
+the small path's small model chooses on its own: two random models, which pick different members
+(not simple). The free strings are no such source: both paths write them with the same tiny small
+model, and on some CPUs it wrote the same text for every request."""
 from __future__ import annotations
 
 import json
@@ -29,6 +32,11 @@ from tests.test_serve_sdk import TOOLS
 def synthetic_data(directory: Path, n: int = 300) -> Path:
     rng = random.Random(0)
     directory.mkdir(parents=True, exist_ok=True)
+    weather = {"name": "get_weather", "description": "Current weather of a city", "parameters": {
+        "type": "object", "required": ["city", "detail"], "properties": {
+            "city": {"type": "string"},
+            "detail": {"type": "string", "enum": ["brief", "hourly", "daily", "weekly", "alerts", "radar", "uv", "pollen"]}}}}
+    others = [t["function"] for t in TOOLS if t["function"]["name"] != "get_weather"]
     lines = []
     for i in range(n):
         if i % 2 == 0:
@@ -37,8 +45,8 @@ def synthetic_data(directory: Path, n: int = 300) -> Path:
                       "answers": [{"name": "ping", "arguments": {}}]}
         else:
             city = "".join(rng.choice("qxzjkvw") for _ in range(7)).capitalize()
-            record = {"query": f"What is the weather like in {city} today?", "tools": [t["function"] for t in TOOLS],
-                      "answers": [{"name": "get_weather", "arguments": {"city": city}}]}
+            record = {"query": f"What is the weather like in {city} today?", "tools": [weather, *others],
+                      "answers": [{"name": "get_weather", "arguments": {"city": city, "detail": "brief"}}]}
         lines.append(json.dumps({"id": f"s{i}", "source": "synthetic", **record}))
     (directory / "synthetic.jsonl").write_text("\n".join(lines) + "\n")
     return directory
