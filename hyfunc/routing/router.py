@@ -24,8 +24,8 @@ from typing import Any, Sequence
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
-from hyfunc.formats.messages import request_text
 from hyfunc.formats.grounding import Ungrounded, ungrounded_values
+from hyfunc.formats.messages import request_text
 from hyfunc.routing.features import scalar_features
 from hyfunc.routing.store import Query, TrafficStore
 
