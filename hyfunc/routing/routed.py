@@ -224,18 +224,16 @@ class RoutedMethod:
                 small_answer: Answer | None) -> tuple[str, float | None]:
         """The router's choice for a routable request."""
         calls = confidence = None
+        gave_up = False
         if routing.router.needs_small_answer:
             if small_answer is None:
                 raise ValueError("this router reads the small path's answer: run it first")
-            if small_answer.details.get("gave_up"):
-                return "cascade", None  # its confidence fell below the router's floor
-            escalations = routing.router.escalations(messages, tools, small_answer.calls)
-            if escalations:
-                small_answer.details["escalated"] = [str(e) for e in escalations]
-                return "cascade", None
             calls, confidence = small_answer.calls, small_answer.details.get("confidence")
-        score = routing.router.score(messages, tools, calls, confidence)
-        return ("small" if score >= routing.router.threshold else "cascade"), score
+            gave_up = bool(small_answer.details.get("gave_up"))  # its confidence fell below the router's floor
+        path, score, escalations = routing.router.decide(messages, tools, calls, confidence, gave_up)
+        if escalations:
+            small_answer.details["escalated"] = [str(e) for e in escalations]
+        return ("small" if path == "small" else "cascade"), score
 
     def _explored(self, path: str) -> tuple[str, bool]:
         if path == "small" and self.explore > 0 and self._rng.random() < self.explore:

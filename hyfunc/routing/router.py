@@ -147,12 +147,22 @@ class Router:
 
     def route(self, messages: Sequence[dict], tools: Sequence[Any], small_calls: Sequence[Any] | None = None,
               small_confidence: float | None = None, gave_up: bool = False) -> str:
-        """"small" when the small path is expected to answer as the large path would, else "large".
-        `gave_up`: the small path stopped below `confidence_floor`, so it cannot be "small"; nor can
-        an answer with a value the request does not give (`escalations`)."""
-        if gave_up or self.escalations(messages, tools, small_calls):
-            return "large"
-        return "small" if self.score(messages, tools, small_calls, small_confidence) >= self.threshold else "large"
+        """"small" when the small path is expected to answer as the large path would, else "large"."""
+        return self.decide(messages, tools, small_calls, small_confidence, gave_up)[0]
+
+    def decide(self, messages: Sequence[dict], tools: Sequence[Any], small_calls: Sequence[Any] | None = None,
+               small_confidence: float | None = None, gave_up: bool = False,
+               ) -> tuple[str, float | None, list[Ungrounded]]:
+        """("small" | "large", the score, the escalations). `gave_up`: the small path stopped below
+        `confidence_floor`, so it cannot be "small"; nor can an answer with a value the request does
+        not give (`escalations`). The score is None when the small path's answer alone decided."""
+        if gave_up:
+            return "large", None, []
+        escalations = self.escalations(messages, tools, small_calls)
+        if escalations:
+            return "large", None, escalations
+        score = self.score(messages, tools, small_calls, small_confidence)
+        return ("small" if score >= self.threshold else "large"), score, []
 
     @staticmethod
     def escalations(messages: Sequence[dict], tools: Sequence[Any], small_calls: Sequence[Any] | None) -> list[Ungrounded]:
