@@ -68,7 +68,7 @@ def test_a_number_the_request_does_not_state_is_ungrounded() -> None:
 def test_enums_booleans_undescribed_strings_and_unknown_tools_are_not_checked() -> None:
     calls = [Call("get_current_weather", {"location": "Oslo, Norway", "unit": "celsius", "note": "hurry",
                                           "hourly": True}),
-             Call("no_such_tool", {"location": "x", "n": 99}), {"arguments": {}}]
+             Call("no_such_tool", {"location": "x", "n": 99}), {"name": "no_such_tool", "arguments": {"n": 7}}]
     assert _reasons(calls, "Oslo, Norway, quickly") == []
 
 

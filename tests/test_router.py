@@ -20,6 +20,8 @@ from hyfunc.routing.stores import open_store
 from tests.fc_traffic import ExtractiveSmallPath, load_examples, served_from_example
 from tests.test_serve_sdk import TOOLS
 
+CALL = {"name": "get_weather", "arguments": {"city": "word"}}  # grounded in the requests below
+
 N, N_TEST, T0 = 400, 100, 1_700_000_000.0
 
 
@@ -56,10 +58,10 @@ def test_confidence_floor_is_where_the_small_first_router_stops_routing() -> Non
         messages = [{"role": "user", "content": " ".join(["word"] * words)}]
         floor = router.confidence_floor(messages, TOOLS, max_calls=4)
         assert 0.0 < floor < 1.0, (words, floor)
-        above = [router.route(messages, TOOLS, [{}] * k, floor + 1e-6) for k in range(1, 5)]
-        below = [router.route(messages, TOOLS, [{}] * k, floor - 1e-6) for k in range(1, 5)]
+        above = [router.route(messages, TOOLS, [CALL] * k, floor + 1e-6) for k in range(1, 5)]
+        below = [router.route(messages, TOOLS, [CALL] * k, floor - 1e-6) for k in range(1, 5)]
         assert "small" in above and set(below) == {"large"}, (words, floor, above, below)
-        assert router.route(messages, TOOLS, [{}], 1.0, gave_up=True) == "large"
+        assert router.route(messages, TOOLS, [CALL], 1.0, gave_up=True) == "large"
     router.threshold = 1.0  # routes nothing: give up at once
     assert router.confidence_floor([{"role": "user", "content": "hi"}], TOOLS) == float("inf")
     without = train_router(examples, target=0.95)  # reads no confidence: never stops a decode

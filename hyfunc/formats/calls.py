@@ -24,6 +24,18 @@ class Call:
     arguments: dict[str, Any] = field(default_factory=dict)
 
 
+def call_record(call: Call | Mapping[str, Any]) -> dict[str, Any]:
+    """A call as the traffic log stores it: ``{"name", "arguments"}`` (a fresh dict)."""
+    if isinstance(call, Mapping):
+        return {"name": call["name"], "arguments": dict(call.get("arguments") or {})}
+    return {"name": call.name, "arguments": dict(call.arguments)}
+
+
+def calls_from_records(calls: Iterable[Call | Mapping[str, Any]]) -> list[Call]:
+    """Logged ``{"name", "arguments"}`` objects (or Calls, passed through) as Calls."""
+    return [c if isinstance(c, Call) else Call(**call_record(c)) for c in calls]
+
+
 def same_calls(a: Iterable[Call], b: Iterable[Call]) -> bool:
     """The same calls, names and arguments exactly, in any order (an exact-match answer)."""
     def key(calls: Iterable[Call]) -> list[str]:

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
-from hyfunc.formats.calls import Call
+from hyfunc.formats.calls import Call, calls_from_records
 from hyfunc.formats.schema import Param, Tool, parse_tools
 
 _CUE = re.compile(r"\bformat|e\.g\.|such as|for example|\bexample", re.IGNORECASE)
@@ -113,13 +113,6 @@ def _walk(value: Any, param: Param, path: str, request: _Request) -> Iterable[tu
             yield path, value, *found
 
 
-def _as_call(call: Call | Mapping[str, Any]) -> Call | None:
-    if isinstance(call, Call):
-        return call
-    name = call.get("name") if isinstance(call, Mapping) else None
-    return Call(name, dict(call.get("arguments") or {})) if isinstance(name, str) else None
-
-
 def ungrounded_values(calls: Iterable[Call | Mapping[str, Any]], tools: Sequence[Tool | Mapping[str, Any]],
                       request: str) -> list[Ungrounded]:
     """Every argument of `calls` (Call objects or {"name", "arguments"} mappings) that `request`
@@ -128,7 +121,7 @@ def ungrounded_values(calls: Iterable[Call | Mapping[str, Any]], tools: Sequence
     by_name = {tool.name: tool for tool in parse_tools(tools)}
     said = _Request(request)
     found: list[Ungrounded] = []
-    for call in filter(None, map(_as_call, calls)):
+    for call in calls_from_records(calls):
         tool = by_name.get(call.name)
         if tool is None:
             continue

@@ -37,7 +37,7 @@ from hyfunc.cascade.selector import ToolSelector
 from hyfunc.cascade.small_model import build_small_prompt
 from hyfunc.cascade.templating import TemplateDecoder, TemplateError, target_token_mask
 from hyfunc.errors import InputError
-from hyfunc.formats.calls import Call
+from hyfunc.formats.calls import calls_from_records
 from hyfunc.formats.messages import request_text
 from hyfunc.formats.schema import SchemaError, parse_tools
 from hyfunc.models.backend import Backend
@@ -69,7 +69,7 @@ def teacher_example(stored: StoredRequest) -> Example | None:
         return None
     if not query or not tools:
         return None
-    return Example(req.request_id, "traffic", query, tools, [Call(c["name"], dict(c.get("arguments") or {})) for c in req.calls])
+    return Example(req.request_id, "traffic", query, tools, calls_from_records(req.calls))
 
 
 def teacher_examples(store: TrafficStore, query: Query) -> list[Example]:

@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from hyfunc.cascade.data import Example
 from hyfunc.errors import InputError
-from hyfunc.formats.calls import Call, same_calls
+from hyfunc.formats.calls import calls_from_records, same_calls
 from hyfunc.routing.mining import SmallOutput, SmallPath
 from hyfunc.routing.store import LARGE_PATHS, Query, TrafficStore
 from hyfunc.routing.versions import Metrics
@@ -22,9 +22,6 @@ from hyfunc.routing.versions import Metrics
 # (messages, tools, the small path's answer when the router reads it) -> "small" | "large"
 RouteFn = Callable[[list[dict], list[dict], SmallOutput | None], str]
 
-
-def _calls(calls: Sequence[Mapping]) -> list[Call]:
-    return [Call(c["name"], dict(c.get("arguments") or {})) for c in calls]
 
 
 def replay(store: TrafficStore, route: RouteFn, small_path: SmallPath, query: Query,
@@ -49,10 +46,10 @@ def replay(store: TrafficStore, route: RouteFn, small_path: SmallPath, query: Qu
             answer = req.calls
             latency += time.perf_counter() - started + sum(req.timings.values())
         n += 1
-        agree += same_calls(_calls(answer), _calls(req.calls))
+        agree += same_calls(calls_from_records(answer), calls_from_records(req.calls))
         if gold is not None and req.request_id in gold:
             scored += 1
-            correct += same_calls(_calls(answer), _calls(gold[req.request_id]))
+            correct += same_calls(calls_from_records(answer), calls_from_records(gold[req.request_id]))
     if n == 0:
         raise InputError("no held-out large-path traffic to evaluate on")
     return Metrics(agreement=agree / n, share=small / n, mean_latency=latency / n,
@@ -85,5 +82,5 @@ def small_path_accuracy(small_path: SmallPath, examples: Sequence[Example]) -> f
     for ex in examples:
         tools = [t.to_openai() for t in ex.tools]
         answer = small_path([{"role": "user", "content": ex.query}], tools)
-        correct += same_calls(_calls(answer.calls), ex.answers)
+        correct += same_calls(calls_from_records(answer.calls), ex.answers)
     return correct / len(examples)

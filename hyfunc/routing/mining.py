@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from hyfunc.formats.calls import Call, same_calls
+from hyfunc.formats.calls import call_record, calls_from_records, same_calls
 from hyfunc.formats.messages import request_text
 from hyfunc.models.minilm import Embedder
 from hyfunc.routing.features import scalar_features
@@ -44,14 +44,11 @@ def method_small_path(method: Any) -> SmallPath:
         answer = (method.answer(messages, parse_tools(tools), give_up_below=give_up_below) if give_up_below
                   else method.answer(messages, parse_tools(tools)))
         confidence = answer.details.get("confidence") if isinstance(answer.details, Mapping) else None
-        return SmallOutput([{"name": c.name, "arguments": c.arguments} for c in answer.calls],
+        return SmallOutput([call_record(c) for c in answer.calls],
                            None if confidence is None else float(confidence), bool(answer.details.get("gave_up")))
 
     return run
 
-
-def _calls(calls: Sequence[Mapping[str, Any]]) -> list[Call]:
-    return [Call(c["name"], dict(c.get("arguments") or {})) for c in calls]
 
 
 @dataclass
@@ -72,9 +69,8 @@ def label_request(stored: StoredRequest, small: SmallOutput | None, small_path_n
                   error: str | None = None) -> Label:
     """The label of one request given the small path's output (None when it raised)."""
     req = stored.request
-    small_calls = [] if small is None else [{"name": c["name"], "arguments": dict(c.get("arguments") or {})}
-                                            for c in small.calls]
-    simple = small is not None and same_calls(_calls(small_calls), _calls(req.calls))
+    small_calls = [] if small is None else [call_record(c) for c in small.calls]
+    simple = small is not None and same_calls(calls_from_records(small_calls), calls_from_records(req.calls))
     # A small path that raised answered nothing, with no confidence: its features say so, so a
     # router reading the small path's answer trains on every request.
     features = scalar_features(req.messages, req.tools, small_calls, 0.0 if small is None else small.confidence)

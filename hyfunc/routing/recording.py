@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 from typing import Any, Sequence
 
+from hyfunc.formats.calls import call_record
 from hyfunc.formats.schema import Tool
 from hyfunc.methods.base import Answer
 from hyfunc.routing.record import ServedRequest, TrafficSink
@@ -50,7 +51,7 @@ def served_request(messages: Sequence[dict], tools: Sequence[Tool], answer: Answ
     return ServedRequest(
         messages=[dict(m) for m in messages],
         tools=[t.to_openai() for t in tools],
-        calls=[{"name": c.name, "arguments": c.arguments} for c in answer.calls],
+        calls=[call_record(c) for c in answer.calls],
         text="" if answer.calls else answer.raw_text,
         path=path,
         models=models,

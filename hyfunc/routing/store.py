@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping, Sequence
 
 from hyfunc.errors import SetupError
+from hyfunc.formats.calls import call_record
 from hyfunc.routing.record import ServedRequest
 
 FEEDBACK = ("good", "bad")
@@ -45,14 +46,6 @@ def canonical_tools(tools: Sequence[Mapping[str, Any]]) -> str:
 
 def library_fingerprint(tools: Sequence[Mapping[str, Any]]) -> str:
     return hashlib.sha256(canonical_tools(tools).encode("utf-8")).hexdigest()
-
-
-def _call_dict(call: Any) -> dict:
-    # The record's contract is dicts, but a `Call` from hyfunc.formats is accepted too: a caller
-    # that forgot to convert must not lose the record.
-    if isinstance(call, Mapping):
-        return {"name": call["name"], "arguments": dict(call.get("arguments") or {})}
-    return {"name": call.name, "arguments": dict(call.arguments)}
 
 
 def _dumps(value: Any) -> str:
@@ -106,7 +99,7 @@ def encode(request: ServedRequest) -> EncodedRequest:
         tools_json=tools_json,
         n_tools=len(request.tools),
         messages_json=_dumps(list(request.messages)),
-        calls_json=_dumps([_call_dict(c) for c in request.calls]),
+        calls_json=_dumps([call_record(c) for c in request.calls]),
         text=_no_nul(request.text or ""),
         path=_no_nul(str(request.path)),
         models_json=_dumps(dict(request.models)),
