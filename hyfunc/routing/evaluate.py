@@ -23,7 +23,6 @@ from hyfunc.routing.versions import Metrics
 RouteFn = Callable[[list[dict], list[dict], SmallOutput | None], str]
 
 
-
 def replay(store: TrafficStore, route: RouteFn, small_path: SmallPath, query: Query,
            gold: Mapping[str, list[dict]] | None = None, small_first: bool = False) -> Metrics:
     """`gold`: request id -> correct calls for a labelled holdout (accuracy is reported only then);

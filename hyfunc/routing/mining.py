@@ -50,7 +50,6 @@ def method_small_path(method: Any) -> SmallPath:
     return run
 
 
-
 @dataclass
 class MiningReport:
     examined: int = 0  # large-path requests considered
