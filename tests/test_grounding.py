@@ -36,6 +36,12 @@ def test_numbers_stated_in_digits_words_and_thousands() -> None:
     assert 7.0 not in stated_numbers("a week from now")
 
 
+def test_a_minus_on_the_digits_states_the_negative_number_only() -> None:
+    stated = stated_numbers("the farm at [43.653225, -79.383186], COVID-19 cases from 10-20 May, a loss of 500")
+    assert -79.383186 in stated and 79.383186 not in stated  # the sign was written: dropping it is a guess
+    assert {19.0, 20.0, -500.0, 500.0} <= stated  # hyphens and dashes are no signs; a sign may be said in words
+
+
 def test_a_string_without_the_described_separators_is_ungrounded() -> None:
     weather = Call("get_current_weather", {"location": "San Francisco", "unit": "fahrenheit"})
     assert _reasons([weather], "Weather in San Francisco?") == [("location", SEPARATORS)]

@@ -173,3 +173,16 @@ def test_a_small_answer_with_a_value_the_request_does_not_give_goes_to_the_large
     assert router.route(messages, [WEATHER], bare, 0.9) == "large"
     assert [u.reason for u in router.escalations(messages, [WEATHER], bare)] == ["separators"]
     assert router.escalations(messages, [WEATHER], None) == []  # nothing answered yet: nothing to check
+
+
+def test_a_small_path_refusal_goes_to_the_large_path() -> None:
+    """The cascade's refusal head and gate judge refusals, not the selector's cosine."""
+    from hyfunc.routing.router import SMALL_REFUSED
+    from tests.odia_fixtures import length_router
+    from tests.test_grounding import WEATHER
+
+    router = length_router(threshold=0.0, small_first=True)  # every scored answer would go to the small path
+    messages = [{"role": "user", "content": "Weather in Boston, MA?"}]
+    assert router.decide(messages, [WEATHER], [], 1.0) == ("large", None, [SMALL_REFUSED])
+    assert router.route(messages, [WEATHER], [{"name": "get_current_weather", "arguments": {"location": "Boston, MA"}}],
+                        1.0) == "small"

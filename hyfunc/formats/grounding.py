@@ -30,7 +30,8 @@ _QUOTED = re.compile(r"'([^'\n]{1,80})'|\"([^\"\n]{1,80})\"")
 _SEPARATORS = re.compile(r"[,/:;@]")
 _NOTE = re.compile(r"\([^)]*\)")
 _SPACE = re.compile(r"\s+")
-_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+# A minus is the number's sign only where it is not a hyphen or a range's dash ("COVID-19", "10-20").
+_NUMBER = re.compile(r"((?<![\w.])[-\u2212])?(\d+(?:\.\d+)?)")
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 _NUMBER_WORDS = {w: i for i, w in enumerate("zero one two three four five six seven eight nine ten eleven twelve".split())}
 
@@ -63,10 +64,15 @@ def described_examples(description: str) -> tuple[str, ...]:
 
 
 def stated_numbers(text: str) -> set[float]:
-    """Numbers `text` states, in digits ("1,000" read both as 1000 and as 1 and 0) or as words up to twelve."""
-    found = {float(n) for t in (text, _THOUSANDS.sub("", text)) for n in _NUMBER.findall(t)}
-    found |= {float(_NUMBER_WORDS[w]) for w in re.findall(r"[a-z]+", text.lower()) if w in _NUMBER_WORDS}
-    return found | {-n for n in found}  # a sign is often said in words ("minus 3", "3 below zero")
+    """Numbers `text` states, in digits ("1,000" read both as 1000 and as 1 and 0) or as words up to
+    twelve. A minus written on the digits ("-79.38") states the negative number only; any other
+    number either sign, as a sign is often said in words ("a loss of 1000", "3 below zero")."""
+    found: set[float] = set()
+    for t in (text, _THOUSANDS.sub("", text)):
+        for sign, digits in _NUMBER.findall(t):
+            found |= {-float(digits)} if sign else {float(digits), -float(digits)}
+    words = {float(_NUMBER_WORDS[w]) for w in re.findall(r"[a-z]+", text.lower()) if w in _NUMBER_WORDS}
+    return found | words | {-n for n in words}
 
 
 def _separators(text: str) -> str:

@@ -64,8 +64,8 @@ class SmallMethod:
             "answerability": answerable,
         })
         if not chosen:
-            # No tool fits: the selector's decision, as in the cascade. The model wrote nothing to be
-            # confident in, so a router reading the small path's answer leaves it to the cascade's gate.
+            # No tool fits: the selector's decision, as in the cascade. A small-first router sends it
+            # to the cascade (hyfunc.routing.router.SMALL_REFUSED); the model wrote nothing to be confident in.
             answer.details["confidence"] = 0.0
             return answer
         selected = [tools[i] for i in chosen]

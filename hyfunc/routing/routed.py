@@ -230,9 +230,9 @@ class RoutedMethod:
                 raise ValueError("this router reads the small path's answer: run it first")
             calls, confidence = small_answer.calls, small_answer.details.get("confidence")
             gave_up = bool(small_answer.details.get("gave_up"))  # its confidence fell below the router's floor
-        path, score, escalations = routing.router.decide(messages, tools, calls, confidence, gave_up)
-        if escalations:
-            small_answer.details["escalated"] = [str(e) for e in escalations]
+        path, score, escalated = routing.router.decide(messages, tools, calls, confidence, gave_up)
+        if escalated:
+            small_answer.details["escalated"] = escalated
         return ("small" if path == "small" else "cascade"), score
 
     def _explored(self, path: str) -> tuple[str, bool]:

@@ -33,6 +33,10 @@ ROUTER_FORMAT = 1
 PRE_SCALARS = ("request_chars_log", "request_words_log", "turns", "tools_log")  # known before any model runs
 SMALL_ANSWER_SCALARS = ("small_calls", "small_refused")  # known once the small path has answered
 MIN_EXAMPLES = 20
+# A small-first router sends every small-path refusal to the cascade, whatever its score: the small
+# path refuses by the selector's best MiniLM cosine, weaker than the cascade's refusal head and
+# off-topic gate, which read the large model's state; and the attempt cost the selector alone.
+SMALL_REFUSED = "the small path called no tool: the cascade decides refusals"
 
 
 class RouterError(ValueError):
@@ -152,15 +156,18 @@ class Router:
 
     def decide(self, messages: Sequence[dict], tools: Sequence[Any], small_calls: Sequence[Any] | None = None,
                small_confidence: float | None = None, gave_up: bool = False,
-               ) -> tuple[str, float | None, list[Ungrounded]]:
-        """("small" | "large", the score, the escalations). `gave_up`: the small path stopped below
-        `confidence_floor`, so it cannot be "small"; nor can an answer with a value the request does
-        not give (`escalations`). The score is None when the small path's answer alone decided."""
+               ) -> tuple[str, float | None, list[str]]:
+        """("small" | "large", the score, why it escalated). `gave_up`: the small path stopped below
+        `confidence_floor`, so it cannot be "small"; nor can a small-path answer with no call
+        (`SMALL_REFUSED`) or with a value the request does not give (`escalations`). The score is
+        None when the small path's answer alone decided."""
         if gave_up:
             return "large", None, []
+        if small_calls is not None and not small_calls:
+            return "large", None, [SMALL_REFUSED]
         escalations = self.escalations(messages, tools, small_calls)
         if escalations:
-            return "large", None, escalations
+            return "large", None, [str(e) for e in escalations]
         score = self.score(messages, tools, small_calls, small_confidence)
         return ("small" if score >= self.threshold else "large"), score, []
 
