@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from hyfunc.formats.calls import Call
 from hyfunc.formats.grounding import (
-    NOT_COPIED, NOT_STATED, SEPARATORS, described_examples, stated_numbers, ungrounded_values,
+    NOT_COPIED, NOT_STATED, PERCENTAGE, SEPARATORS, described_examples, stated_numbers, ungrounded_values,
 )
 from hyfunc.formats.schema import parse_tools
 
@@ -69,6 +69,15 @@ def test_a_number_the_request_does_not_state_is_ungrounded() -> None:
     # The schema's own numbers are given too: the default, and those its description states.
     given = [Call("get_current_weather", {"location": "Oslo, Norway", "days": d}) for d in (3, 10)]
     assert _reasons(given, "Oslo, Norway") == []
+
+
+def test_a_percentage_is_the_tools_to_read_as_it_stands_or_as_a_fraction() -> None:
+    rate = {"type": "function", "function": {"name": "present_value", "parameters": {"type": "object", "properties": {
+        "rate": {"type": "number", "description": "Annual interest rate."}, "years": {"type": "integer"}}}}}
+    for value in (5, 0.05):
+        found = ungrounded_values([Call("present_value", {"rate": value, "years": 10})], [rate], "at 5 % for 10 years")
+        assert [(u.path, u.reason) for u in found] == [("rate", PERCENTAGE)]
+    assert ungrounded_values([Call("present_value", {"rate": 0.05, "years": 10})], [rate], "rate 0.05, 10 years") == []
 
 
 def test_enums_booleans_undescribed_strings_and_unknown_tools_are_not_checked() -> None:

@@ -7,6 +7,9 @@ it holds a value that is
 
 - a number the request does not state (in digits, or as a word up to twelve) and the parameter's
   own description or default do not either: find_roots(a=1, b=1) for "the roots of bx + c = 0";
+- a number the request states as a percentage, written as it stands or as a fraction ("5 %" as 5
+  or 0.05): which one depends on the tool (fc-train's own answers write 9 of 50 such values as
+  fractions), so the model that reads the description decides;
 - a string whose parameter's description prescribes a form by quoted examples ("in the format of
   'City, State (abbr)', such as 'San Francisco, CA'"), where the value lacks the separators
   (``, / : ; @``) of every example ("San Francisco"; a parenthesised note like "(abbr)" is not part
@@ -18,6 +21,7 @@ Enum members and booleans are never checked: the schema gives them.
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
@@ -35,7 +39,8 @@ _NUMBER = re.compile(r"((?<![\w.])[-\u2212])?(\d+(?:\.\d+)?)")
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 _NUMBER_WORDS = {w: i for i, w in enumerate("zero one two three four five six seven eight nine ten eleven twelve".split())}
 
-SEPARATORS, NOT_COPIED, NOT_STATED = "separators", "not copied", "number not stated"
+SEPARATORS, NOT_COPIED, NOT_STATED, PERCENTAGE = "separators", "not copied", "number not stated", "percentage"
+_PERCENT = re.compile(r"(\d+(?:\.\d+)?)\s*(?:%|per ?cent\b)", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -43,7 +48,7 @@ class Ungrounded:
     tool: str
     path: str  # the argument's path, e.g. "location" or "stops[1]"
     value: Any
-    reason: str  # SEPARATORS | NOT_COPIED | NOT_STATED
+    reason: str  # SEPARATORS | NOT_COPIED | NOT_STATED | PERCENTAGE
     examples: tuple[str, ...] = ()  # the description's quoted examples (string forms)
 
     def __str__(self) -> str:
@@ -53,6 +58,8 @@ class Ungrounded:
             return f"{where} lacks the form of {shown}"
         if self.reason == NOT_COPIED:
             return f"{where} has the form of {shown} but is not the request's words"
+        if self.reason == PERCENTAGE:
+            return f"{where}: the request gives it as a percentage, which a tool may take as a fraction"
         return f"{where}: the request states no such number"
 
 
@@ -86,12 +93,15 @@ def _normal(text: str) -> str:
 class _Request:
     def __init__(self, text: str):
         self.text, self.numbers = _normal(text), stated_numbers(text)
+        self.percentages = {float(p) for p in _PERCENT.findall(text)}
 
 
 def _check(value: Any, param: Param, request: _Request) -> tuple[str, tuple[str, ...]] | None:
     if param.enum is not None or isinstance(value, bool):
         return None
     if isinstance(value, (int, float)):
+        if any(math.isclose(float(value), p) or math.isclose(float(value), p / 100) for p in request.percentages):
+            return PERCENTAGE, ()
         own = stated_numbers(param.description) | stated_numbers(str(param.default) if param.has_default else "")
         return None if float(value) in request.numbers | own else (NOT_STATED, ())
     if not isinstance(value, str):
