@@ -56,7 +56,8 @@ def main() -> int:
                    "confidence": answer.details.get("confidence")}
         if router is not None:
             messages = [{"role": "user", "content": ex.query}]
-            routed = router.route(messages, ex.tools, answer.calls, answer.details.get("confidence")) == "small"
+            routed = router.route(messages, ex.tools, answer.calls, answer.details.get("confidence"),
+                                  near_fit=answer.details.get("near_fit", ())) == "small"
             out_row.update({"routed_small": routed, "routed_exact": out_row["exact"] if routed else row["hyfunc"]["exact"]})
         rows.append(out_row)
     summary = {"n": len(rows), "agrees_with_cascade": sum(r["agrees"] for r in rows), "exact": sum(r["exact"] for r in rows),

@@ -78,6 +78,10 @@ def test_a_percentage_is_the_tools_to_read_as_it_stands_or_as_a_fraction() -> No
         found = ungrounded_values([Call("present_value", {"rate": value, "years": 10})], [rate], "at 5 % for 10 years")
         assert [(u.path, u.reason) for u in found] == [("rate", PERCENTAGE)]
     assert ungrounded_values([Call("present_value", {"rate": 0.05, "years": 10})], [rate], "rate 0.05, 10 years") == []
+    # An integer parameter takes the percentage as stated: nothing for the large model to decide.
+    discount = {"type": "function", "function": {"name": "discount", "parameters": {"type": "object", "properties": {
+        "percent": {"type": "integer", "description": "Discount in percent."}}}}}
+    assert ungrounded_values([Call("discount", {"percent": 15})], [discount], "take 15% off") == []
 
 
 def test_enums_booleans_undescribed_strings_and_unknown_tools_are_not_checked() -> None:

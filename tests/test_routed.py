@@ -184,3 +184,7 @@ def test_a_small_first_router_escalates_a_value_the_request_does_not_give(tmp_pa
     bare = Answer([Call("get_current_weather", {"location": "Boston"})], details={"confidence": 0.9})
     assert routed.choose(messages, tools, small_answer=bare) == ("cascade", None)
     assert bare.details["escalated"] == [str(u) for u in routed.routing.router.escalations(messages, tools, bare.calls)]
+    repeated = Answer([Call("get_current_weather", {"location": "Boston, MA"})] * 2,
+                      details={"confidence": 0.9, "near_fit": ["get_forecast"]})
+    assert routed.choose(messages, tools, small_answer=repeated) == ("cascade", None)
+    assert "another nearly fits: get_forecast" in repeated.details["escalated"][0]

@@ -186,3 +186,19 @@ def test_a_small_path_refusal_goes_to_the_large_path() -> None:
     assert router.decide(messages, [WEATHER], [], 1.0) == ("large", None, [SMALL_REFUSED])
     assert router.route(messages, [WEATHER], [{"name": "get_current_weather", "arguments": {"location": "Boston, MA"}}],
                         1.0) == "small"
+
+
+def test_one_tool_repeated_while_another_nearly_fits_goes_to_the_large_path() -> None:
+    """"A musical ticket and a train ticket": the small model saw only the ticket tool the selector
+    kept, so it bought two musical tickets; the cascade's retriever reads the large model's state."""
+    from hyfunc.routing.router import ANOTHER_TOOL
+    from tests.odia_fixtures import length_router
+
+    router = length_router(threshold=0.0, small_first=True)  # every scored answer would go to the small path
+    messages = [{"role": "user", "content": "The weather in word, then in word again"}]
+    assert router.decide(messages, TOOLS, [CALL, CALL], 0.9, near_fit=["book_table"]) == (
+        "large", None, [ANOTHER_TOOL.format("book_table")])
+    assert router.route(messages, TOOLS, [CALL, CALL], 0.9) == "small"  # nothing else nearly fits
+    assert router.route(messages, TOOLS, [CALL], 0.9, near_fit=["book_table"]) == "small"  # one call
+    other = {"name": "book_table", "arguments": {}}
+    assert router.route(messages, TOOLS, [CALL, other], 0.9, near_fit=["ping"]) == "small"  # two tools called

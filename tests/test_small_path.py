@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from hyfunc.formats.schema import parse_tools
-from hyfunc.methods.small import SmallMethod
+from hyfunc.methods.small import NEAR_FIT_MARGIN, SmallMethod
 from hyfunc.models.minilm import MiniLMEmbedder
 from hyfunc.cascade.selector import ToolSelector, identity_selector, prepare_selector
+from hyfunc.routing.mining import method_small_path
 from tests.fc_traffic import fc_train_dir
 from tests.test_serve_sdk import TOOLS
 from tests.tiny_models import tiny_backend
@@ -90,6 +91,18 @@ def test_small_method_answers_without_a_large_model(selector_dir: tuple[Path, di
     assert kept.calls == answer.calls and "gave_up" not in kept.details
     stopped = method.answer(WEATHER, tools, give_up_below=answer.details["confidence"] + 1e-6)
     assert stopped.details["gave_up"] and stopped.calls == [] and stopped.output_tokens <= answer.output_tokens
+
+    # Tools left out within NEAR_FIT_MARGIN of the selection threshold nearly fit, and the small
+    # path's output for mining and replay carries them.
+    ranked = dict(zip(answer.details["ranking"], answer.details["scores"]))
+    runner_up = sorted(ranked.values())[-2]
+    selector.retriever.config.threshold = runner_up + NEAR_FIT_MARGIN  # only the best tool is kept
+    edge = method.answer(WEATHER, tools)
+    assert edge.details["retrieved"] == ["get_weather"]
+    assert edge.details["near_fit"] == [n for n, s in ranked.items() if n != "get_weather" and s >= runner_up]
+    assert method_small_path(method)(WEATHER, TOOLS).near_fit == tuple(edge.details["near_fit"])
+    selector.retriever.config.threshold = runner_up + NEAR_FIT_MARGIN + 0.01
+    assert method.answer(WEATHER, tools).details["near_fit"] == []
 
     selector.retriever.config.refusal_threshold = 10.0  # above any cosine: no tool fits
     refused = method.answer(WEATHER, tools)

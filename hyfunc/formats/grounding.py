@@ -8,8 +8,8 @@ it holds a value that is
 - a number the request does not state (in digits, or as a word up to twelve) and the parameter's
   own description or default do not either: find_roots(a=1, b=1) for "the roots of bx + c = 0";
 - a number the request states as a percentage, written as it stands or as a fraction ("5 %" as 5
-  or 0.05): which one depends on the tool (fc-train's own answers write 9 of 50 such values as
-  fractions), so the model that reads the description decides;
+  or 0.05), unless the parameter is an integer: which one depends on the tool (fc-train's own
+  answers write 9 of 50 such values as fractions), so the model that reads the description decides;
 - a string whose parameter's description prescribes a form by quoted examples ("in the format of
   'City, State (abbr)', such as 'San Francisco, CA'"), where the value lacks the separators
   (``, / : ; @``) of every example ("San Francisco"; a parenthesised note like "(abbr)" is not part
@@ -100,7 +100,9 @@ def _check(value: Any, param: Param, request: _Request) -> tuple[str, tuple[str,
     if param.enum is not None or isinstance(value, bool):
         return None
     if isinstance(value, (int, float)):
-        if any(math.isclose(float(value), p) or math.isclose(float(value), p / 100) for p in request.percentages):
+        # An integer parameter cannot take a fraction: its value is the percentage as stated.
+        if param.type != "integer" and any(math.isclose(float(value), p) or math.isclose(float(value), p / 100)
+                                           for p in request.percentages):
             return PERCENTAGE, ()
         own = stated_numbers(param.description) | stated_numbers(str(param.default) if param.has_default else "")
         return None if float(value) in request.numbers | own else (NOT_STATED, ())

@@ -63,7 +63,7 @@ def replay_router(store: TrafficStore, router: Any, small_path: SmallPath, query
     def route(messages: list[dict], tools: list[dict], tried: SmallOutput | None) -> str:
         if tried is None:
             return router.route(messages, tools)
-        return router.route(messages, tools, tried.calls, tried.confidence, tried.gave_up)
+        return router.route(messages, tools, tried.calls, tried.confidence, tried.gave_up, tried.near_fit)
 
     def first(messages: list[dict], tools: list[dict]) -> SmallOutput:
         return small_path(messages, tools, give_up_below=router.confidence_floor(messages, tools))

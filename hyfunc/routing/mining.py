@@ -28,6 +28,7 @@ class SmallOutput:
     calls: list[dict]
     confidence: float | None = None
     gave_up: bool = False  # stopped below the confidence floor it was given (no calls)
+    near_fit: tuple[str, ...] = ()  # offered tools it left out that nearly fit (hyfunc.methods.small)
 
 
 # (messages, OpenAI tools) -> answer; a method's small path also takes `give_up_below`.
@@ -43,9 +44,10 @@ def method_small_path(method: Any) -> SmallPath:
         # Only the small method (SmallMethod) can stop early; any other method is asked as usual.
         answer = (method.answer(messages, parse_tools(tools), give_up_below=give_up_below) if give_up_below
                   else method.answer(messages, parse_tools(tools)))
-        confidence = answer.details.get("confidence") if isinstance(answer.details, Mapping) else None
-        return SmallOutput([call_record(c) for c in answer.calls],
-                           None if confidence is None else float(confidence), bool(answer.details.get("gave_up")))
+        details = answer.details if isinstance(answer.details, Mapping) else {}
+        confidence = details.get("confidence")
+        return SmallOutput([call_record(c) for c in answer.calls], None if confidence is None else float(confidence),
+                           bool(details.get("gave_up")), tuple(details.get("near_fit", ())))
 
     return run
 

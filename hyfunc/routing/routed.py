@@ -224,13 +224,14 @@ class RoutedMethod:
                 small_answer: Answer | None) -> tuple[str, float | None]:
         """The router's choice for a routable request."""
         calls = confidence = None
-        gave_up = False
+        gave_up, near_fit = False, ()
         if routing.router.needs_small_answer:
             if small_answer is None:
                 raise ValueError("this router reads the small path's answer: run it first")
             calls, confidence = small_answer.calls, small_answer.details.get("confidence")
             gave_up = bool(small_answer.details.get("gave_up"))  # its confidence fell below the router's floor
-        path, score, escalated = routing.router.decide(messages, tools, calls, confidence, gave_up)
+            near_fit = small_answer.details.get("near_fit", ())
+        path, score, escalated = routing.router.decide(messages, tools, calls, confidence, gave_up, near_fit)
         if escalated:
             small_answer.details["escalated"] = escalated
         return ("small" if path == "small" else "cascade"), score

@@ -24,6 +24,7 @@ from typing import Any, Sequence
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
+from hyfunc.formats.calls import calls_from_records
 from hyfunc.formats.grounding import Ungrounded, ungrounded_values
 from hyfunc.formats.messages import request_text
 from hyfunc.routing.features import scalar_features
@@ -37,6 +38,10 @@ MIN_EXAMPLES = 20
 # path refuses by the selector's best MiniLM cosine, weaker than the cascade's refusal head and
 # off-topic gate, which read the large model's state; and the attempt cost the selector alone.
 SMALL_REFUSED = "the small path called no tool: the cascade decides refusals"
+# An answer that calls one tool several times while the selector left out another that nearly fits
+# may be one action repeated where the request asks for two ("buy a musical ticket and a train
+# ticket"): the small model only saw the one tool; the cascade's retriever reads the large model's state.
+ANOTHER_TOOL = "the small path repeated one tool while another nearly fits: {}"
 
 
 class RouterError(ValueError):
@@ -150,21 +155,24 @@ class Router:
         return float(self.scores([features], embeddings)[0])
 
     def route(self, messages: Sequence[dict], tools: Sequence[Any], small_calls: Sequence[Any] | None = None,
-              small_confidence: float | None = None, gave_up: bool = False) -> str:
+              small_confidence: float | None = None, gave_up: bool = False, near_fit: Sequence[str] = ()) -> str:
         """"small" when the small path is expected to answer as the large path would, else "large"."""
-        return self.decide(messages, tools, small_calls, small_confidence, gave_up)[0]
+        return self.decide(messages, tools, small_calls, small_confidence, gave_up, near_fit)[0]
 
     def decide(self, messages: Sequence[dict], tools: Sequence[Any], small_calls: Sequence[Any] | None = None,
-               small_confidence: float | None = None, gave_up: bool = False,
+               small_confidence: float | None = None, gave_up: bool = False, near_fit: Sequence[str] = (),
                ) -> tuple[str, float | None, list[str]]:
         """("small" | "large", the score, why it escalated). `gave_up`: the small path stopped below
         `confidence_floor`, so it cannot be "small"; nor can a small-path answer with no call
-        (`SMALL_REFUSED`) or with a value the request does not give (`escalations`). The score is
-        None when the small path's answer alone decided."""
+        (`SMALL_REFUSED`), one that repeats one tool while the tools in `near_fit` (offered, not
+        selected) nearly fit (`ANOTHER_TOOL`), or one with a value the request does not give
+        (`escalations`). The score is None when the small path's answer alone decided."""
         if gave_up:
             return "large", None, []
         if small_calls is not None and not small_calls:
             return "large", None, [SMALL_REFUSED]
+        if near_fit and small_calls and len(small_calls) > 1 and len({c.name for c in calls_from_records(small_calls)}) == 1:
+            return "large", None, [ANOTHER_TOOL.format(", ".join(near_fit))]
         escalations = self.escalations(messages, tools, small_calls)
         if escalations:
             return "large", None, [str(e) for e in escalations]
