@@ -9,11 +9,14 @@ requests.
     python scripts/small_path_agreement.py --reference reports/cpu-llamacpp/fc-validation-small-path.json \
         --version <versions dir>/versions/<id> --out small-path-agreement.json
 
-`--version` is a version directory (its `small/`) or a `small/`-like directory of its own.
+`--version` is a version directory (its `small/`) or a `small/`-like directory of its own. `--shipped-gguf`
+runs the default models' shipped GGUF files on llama.cpp instead of the type the registry names (a side-by-side
+of the requantized small model).
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -23,6 +26,7 @@ from pathlib import Path
 from hyfunc.cascade.data import load_examples, split_examples
 from hyfunc.eval.provenance import provenance
 from hyfunc.formats.calls import Call, same_calls
+from hyfunc.models.registry import DEFAULT_MODELS
 from hyfunc.routing.routed import SharedEmbedder, load_small
 from hyfunc.routing.router import Router
 
@@ -34,7 +38,11 @@ def main() -> int:
     parser.add_argument("--version", required=True)
     parser.add_argument("--engine", default="auto")
     parser.add_argument("--out", required=True)
+    parser.add_argument("--shipped-gguf", action="store_true", help="llama.cpp runs the shipped GGUF files, not requantized copies")
     args = parser.parse_args()
+    if args.shipped_gguf:
+        for alias, spec in DEFAULT_MODELS.items():
+            DEFAULT_MODELS[alias] = dataclasses.replace(spec, llamacpp_type=None)
 
     reference = json.loads(Path(args.reference).read_text())
     _, val = split_examples(load_examples(args.data))
@@ -61,7 +69,9 @@ def main() -> int:
             out_row.update({"routed_small": routed, "routed_exact": out_row["exact"] if routed else row["hyfunc"]["exact"]})
         rows.append(out_row)
     summary = {"n": len(rows), "agrees_with_cascade": sum(r["agrees"] for r in rows), "exact": sum(r["exact"] for r in rows),
-               "median_seconds": statistics.median(r["seconds"] for r in rows), "small": small.config}
+               "median_seconds": statistics.median(r["seconds"] for r in rows),
+               "mean_seconds": statistics.mean(r["seconds"] for r in rows), "small": small.config,
+               "small_gguf": small.backend.gguf_path.name if hasattr(small.backend, "gguf_path") else None}
     if router is not None:
         on_small = [r for r in rows if r["routed_small"]]
         summary["routed"] = {"threshold": router.threshold, "on_small": len(on_small),

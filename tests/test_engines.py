@@ -149,3 +149,40 @@ def test_lora_adapter_as_gguf_equals_the_merged_model(tmp_path, torch_fp32, ids)
     assert effect_torch.norm() > 2 * (plain - before).norm()  # an effect well above the engines' noise
     assert _cos(effect_llama, effect_torch) > 0.95
     assert abs(effect_llama.norm() / effect_torch.norm() - 1) < 0.25  # alpha / r applied: 0.85 measured; 0.5 if not
+
+
+def test_a_default_model_runs_in_the_gguf_type_its_registry_entry_names(monkeypatch, llama, ids):
+    import dataclasses
+
+    from hyfunc.models import llamacpp, registry
+
+    shipped = llama.gguf_path
+    assert llamacpp.engine_gguf(MODEL) == shipped  # no type named: the shipped file as is
+    spec = dataclasses.replace(registry.DEFAULT_MODELS[MODEL], llamacpp_type="q8_0")
+    monkeypatch.setitem(registry.DEFAULT_MODELS, MODEL, spec)
+    requantized = llamacpp.engine_gguf(MODEL)
+    try:
+        from gguf import GGUFReader, GGMLQuantizationType
+
+        assert requantized == shipped.with_name(f"{MODEL}.q8_0.gguf")
+        types = {t.tensor_type for t in GGUFReader(requantized).tensors if t.name.endswith("ffn_up.weight")}
+        assert types == {GGMLQuantizationType.Q8_0}
+        made = requantized.stat().st_mtime_ns
+        assert llamacpp.engine_gguf(MODEL) == requantized and requantized.stat().st_mtime_ns == made  # made once
+        backend = LlamaCppBackend(MODEL, n_ctx=512, n_seq=2)
+        assert backend.gguf_path == requantized and "q8_0" in backend.description
+        # Q8_0 holds the shipped Q4_1 values closely: nearly the same logits, each top token among the other's top 3.
+        ours, theirs = backend.forward(ids=ids, logits_to_keep=4).tail_logits, llama.forward(ids=ids, logits_to_keep=4).tail_logits
+        assert _cos(ours, theirs).min() > 0.99
+        assert all(int(o.argmax()) in t.topk(3).indices.tolist() for o, t in zip(ours, theirs))
+    finally:
+        requantized.unlink(missing_ok=True)
+
+
+def test_an_unknown_gguf_type_is_a_clear_error(tmp_path, llama):
+    from hyfunc.models.llamacpp import requantize_gguf
+    from hyfunc.models.registry import ModelNotAvailable
+
+    with pytest.raises(ModelNotAvailable, match="no GGUF type 'q9_9'"):
+        requantize_gguf(llama.gguf_path, tmp_path / "x.gguf", "q9_9")
+    assert not list(tmp_path.iterdir())

@@ -80,13 +80,14 @@ def _backends(method: Any) -> dict[str, Any]:
 def model_record(backend: Any) -> dict[str, Any]:
     spec = DEFAULT_MODELS.get(backend.name)
     model = getattr(backend, "model", None)
+    gguf = getattr(backend, "gguf_path", None)
     return {
         "name": backend.name,
         # The registry checks the assembled GGUF against this value before converting it.
         "gguf_sha256": spec.sha256 if spec is not None else None,
         "upstream": spec.upstream if spec is not None else None,
-        # llama.cpp runs the GGUF's own quantisation (Q4_K_M, Q4_1, ...): no torch dtype.
-        "dtype": str(model.dtype).removeprefix("torch.") if model is not None else "gguf",
+        # llama.cpp runs a GGUF file's own quantisation (the shipped Q4_K_M, or a requantized copy): no torch dtype.
+        "dtype": str(model.dtype).removeprefix("torch.") if model is not None else f"gguf {gguf.name if gguf else ''}".strip(),
         "engine": getattr(backend, "engine", None),
         "description": getattr(backend, "description", None),
         "device": str(backend.device),

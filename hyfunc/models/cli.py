@@ -30,7 +30,8 @@ def cmd_models(args: argparse.Namespace) -> int:
             print(f"{name}: {resolve_model(name)} ({time.perf_counter() - start:.1f}s)")
         return 0
     for spec in DEFAULT_MODELS.values():
-        print(f"{spec.alias:18} {spec.upstream}")
+        on_llamacpp = f"; llama.cpp runs it as {spec.llamacpp_type.upper()}" if spec.llamacpp_type else ""
+        print(f"{spec.alias:18} {spec.upstream}{on_llamacpp}")
     from torch import device as torch_device
 
     from hyfunc.models.backend import default_dtype
@@ -40,6 +41,6 @@ def cmd_models(args: argparse.Namespace) -> int:
     dtype = str(default_dtype(torch_device("cpu"))).removeprefix("torch.")
     print(
         f"engine auto on this machine: cascade large model {picks['large']}, small model {picks['small']}, "
-        f"direct prompting {picks['direct']} (transformers dtype {dtype}; llama.cpp runs the GGUF's own quantisation)"
+        f"direct prompting {picks['direct']} (transformers dtype {dtype}; llama.cpp runs the GGUF's quantisation)"
     )
     return 0

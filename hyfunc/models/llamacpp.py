@@ -32,9 +32,9 @@ import torch
 from hyfunc.config import hyfunc_home
 from hyfunc.config import threads as env_threads
 from hyfunc.models.base import BackendBase, StepOutput
-from hyfunc.models.registry import ModelNotAvailable, resolve_gguf
+from hyfunc.models.registry import DEFAULT_MODELS, ModelNotAvailable, resolve_gguf
 
-__all__ = ["LlamaCppBackend", "LlamaKV", "llama_cpp_available"]
+__all__ = ["LlamaCppBackend", "LlamaKV", "engine_gguf", "llama_cpp_available", "requantize_gguf"]
 
 
 def llama_cpp_available() -> bool:
@@ -67,6 +67,35 @@ def _silence(lib) -> None:
 
         _silence.callback = callback  # kept alive: llama.cpp holds the pointer
         lib.llama_log_set(callback, ctypes.c_void_p(0))
+
+
+def requantize_gguf(source: Path, target: Path, gguf_type: str) -> None:
+    """`source` rewritten in `gguf_type` by llama.cpp's quantizer (a few seconds for a 0.5B), atomically."""
+    lib = _lib()
+    _silence(lib)
+    ftype = getattr(lib, f"LLAMA_FTYPE_MOSTLY_{gguf_type.upper()}", None)
+    if ftype is None:
+        raise ModelNotAvailable(f"llama.cpp has no GGUF type {gguf_type!r}")
+    params = lib.llama_model_quantize_default_params()
+    params.ftype, params.allow_requantize, params.nthread = ftype, True, env_threads() or os.cpu_count() or 1
+    partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
+    if lib.llama_model_quantize(str(source).encode(), str(partial).encode(), ctypes.byref(params)) != 0:
+        partial.unlink(missing_ok=True)
+        raise ModelNotAvailable(f"llama.cpp could not requantize {source} to {gguf_type}")
+    partial.rename(target)
+
+
+def engine_gguf(name: str) -> Path:
+    """The GGUF file llama.cpp runs for `name`: a .gguf path as is; a default model's shipped file, or
+    the copy in the type its registry entry names (`llamacpp_type`), made once next to the shipped file."""
+    shipped = resolve_gguf(name)
+    spec = DEFAULT_MODELS.get(name)
+    if spec is None or spec.llamacpp_type is None:
+        return shipped
+    target = shipped.with_name(f"{name}.{spec.llamacpp_type}.gguf")
+    if not target.is_file() or target.stat().st_mtime < shipped.stat().st_mtime:
+        requantize_gguf(shipped, target, spec.llamacpp_type)
+    return target
 
 
 def _tokenizer_for(gguf: Path):
@@ -107,7 +136,7 @@ class LlamaCppBackend(BackendBase):
         self, name: str, n_ctx: int = 32768, n_seq: int = 16, n_batch: int = 512, threads: int | None = None,
         lora: str | Path | None = None, gguf: str | Path | None = None,
     ):
-        """`name`: a default model alias or a .gguf path. `lora`: a GGUF LoRA adapter applied at
+        """`name`: a default model alias (run as `engine_gguf` says) or a .gguf path. `lora`: a GGUF LoRA adapter applied at
         load (the cascade's fine-tuned small model). `n_seq`: KV sequences alive at once (a fixed
         library's prefix, a request's fork, the decoder's). `n_ctx`: KV cells shared by all of them
         (forks share their prefix's cells); a 1.5B model holds 28 KB per cell in f16."""
@@ -115,7 +144,7 @@ class LlamaCppBackend(BackendBase):
         _silence(lib)
         self.name = name
         self.device = torch.device("cpu")
-        path = Path(gguf) if gguf is not None else resolve_gguf(name)
+        path = Path(gguf) if gguf is not None else engine_gguf(name)
         self.gguf_path = path
         lib.llama_backend_init()
         model_params = lib.llama_model_default_params()
