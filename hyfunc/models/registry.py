@@ -36,8 +36,9 @@ class DefaultModel:
     sha256: str  # of the assembled GGUF file
     size: int  # bytes of the assembled GGUF file
     # The GGUF type llama.cpp runs this model in, requantized once from the shipped file; None: the shipped
-    # file as is. The 0.5B's shipped mix (mostly Q5_0) read prompts 1.5x slower than Q8_0 on 2 avx2 cores, and
-    # Q8_0 holds Q5_0 values almost exactly; the 1.5B was no faster in Q8_0 (reports/cpu-llamacpp/small-q8/).
+    # file as is. On 2 avx2 cores the 0.5B's shipped mix (mostly Q5_0) read prompts 1.3-1.5x slower than Q8_0,
+    # which holds Q5_0 values almost exactly (Q4_0, as fast, would round them again); the 1.5B was no faster
+    # in Q8_0 (reports/cpu-llamacpp/small-q8/).
     llamacpp_type: str | None = None
 
 
