@@ -136,10 +136,10 @@ class LlamaCppBackend(BackendBase):
         self, name: str, n_ctx: int = 32768, n_seq: int = 16, n_batch: int = 512, threads: int | None = None,
         lora: str | Path | None = None, gguf: str | Path | None = None,
     ):
-        """`name`: a default model alias (run as `engine_gguf` says) or a .gguf path. `lora`: a GGUF LoRA adapter applied at
-        load (the cascade's fine-tuned small model). `n_seq`: KV sequences alive at once (a fixed
-        library's prefix, a request's fork, the decoder's). `n_ctx`: KV cells shared by all of them
-        (forks share their prefix's cells); a 1.5B model holds 28 KB per cell in f16."""
+        """`name`: a default model alias (in the file `engine_gguf` names) or a .gguf path. `lora`: a
+        GGUF LoRA adapter applied at load (the cascade's fine-tuned small model). `n_seq`: KV sequences
+        alive at once (a fixed library's prefix, a request's fork, the decoder's). `n_ctx`: KV cells
+        shared by all of them (forks share their prefix's cells); a 1.5B model holds 28 KB per cell in f16."""
         lib = self._lib = _lib()
         _silence(lib)
         self.name = name
