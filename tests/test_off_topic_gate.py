@@ -65,11 +65,11 @@ def test_saved_gate_loads_with_the_same_decisions(trained: tuple[OffTopicGate, P
     assert not loaded.suspects(request, [])  # nothing offered: nothing to gate
 
 
-def _gate(cosine: float, head: float, embedder: MiniLMEmbedder) -> OffTopicGate:
+def _gate(cosine: float, head: float, embedder: MiniLMEmbedder, dismiss: float = -1.0) -> OffTopicGate:
     """A gate whose head reads every soft token as 0 (zero weights): the thresholds decide."""
     zeros = torch.zeros(LARGE_HIDDEN)
     return OffTopicGate(zeros, torch.zeros(()), zeros, torch.ones(LARGE_HIDDEN),
-                        OffTopicConfig(cosine_threshold=cosine, head_threshold=head), embedder)
+                        OffTopicConfig(cosine_threshold=cosine, head_threshold=head, dismiss_threshold=dismiss), embedder)
 
 
 @pytest.mark.parametrize("cosine, head, refused", [(2.0, 1.0, True), (2.0, -1.0, False), (-2.0, 1.0, False)])
@@ -83,6 +83,34 @@ def test_cascade_refuses_only_where_both_detectors_agree(cosine: float, head: fl
     if refused:  # the ablation without the gate answers the same request
         ungated = cascade.variant(CascadeOptions(off_topic_gate=False), "no-gate")
         assert ungated.answer(JOKE, parse_tools(TOOLS)).calls
+
+
+def test_gate_dismisses_at_the_quantile_of_fc_train_call_requests(trained: tuple[OffTopicGate, Path]) -> None:
+    gate, directory = trained
+    dismissal = gate.config.metrics["dismissal"]
+    # Every call request of the data (both splits, ASCII only), not the gate's sample of them.
+    assert dismissal["call_requests"] > gate.config.metrics["validation"]["call_requests"]
+    assert dismissal["call_dismissed"] <= gate.config.max_false_dismissals + 1e-9
+    assert -1.0 < gate.config.dismiss_threshold <= gate.config.cosine_threshold
+    assert OffTopicGate.load(directory).config.dismiss_threshold == gate.config.dismiss_threshold
+
+
+def test_an_english_request_far_from_every_tool_is_refused_without_the_large_model(embedder: MiniLMEmbedder) -> None:
+    from hyfunc.routing.routed import RoutedMethod, Routing
+    from tests.odia_fixtures import length_router
+
+    cascade, tools = tiny_cascade(), parse_tools(TOOLS)
+    cascade.gate = _gate(2.0, -1.0, embedder, dismiss=2.0)  # every cosine is below both; the head never agrees
+    answer = cascade.answer(JOKE, tools)
+    assert answer.calls == [] and answer.details == {"refused_by": "off_topic_gate", "dismissed": True}
+    assert set(answer.timings) == {"gate"} and answer.input_tokens == 0  # no large-model pass
+    # MiniLM reads English only: a request in another language is merely suspected, and the head disagrees.
+    spanish = cascade.answer([{"role": "user", "content": "Cuéntame un chiste sobre gatos, por favor."}], tools)
+    assert "dismissed" not in spanish.details and "large_prefill" in spanish.timings
+    assert cascade.gate.screen(JOKE[0]["content"], []) == "clear"  # nothing offered: nothing to gate
+    # Routed, the request goes to the cascade, which dismisses it.
+    routed = RoutedMethod(cascade, Routing(router=length_router(threshold=-1e9), small=cascade, version="v"))
+    assert routed.answer(JOKE, tools).details["dismissed"] is True
 
 
 def test_router_sends_suspected_small_talk_to_the_cascade(embedder: MiniLMEmbedder) -> None:

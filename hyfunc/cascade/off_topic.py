@@ -18,6 +18,13 @@ Each threshold is the `max_false_refusals` quantile of its scores on the validat
 requests. The MiniLM test runs first and alone needs no large model: the router uses it to send
 suspected small talk to the cascade, where the head has the last word.
 
+A request far below the MiniLM threshold is *dismissed* without the large model's pass (which costs
+as much as prompting the large model directly): its best cosine lies under the `max_false_dismissals`
+quantile (0.1 %) of every fc-train call request's, and it is written in ASCII. MiniLM reads English
+only, so a request in another language (accents, other scripts) can score low against the very tool
+it asks for: those still go to the head. The cosine needs no large model, so the quantile is taken
+over all of fc-train's call requests, not the gate's sample of them.
+
 A gate directory holds manifest.json (format, thresholds, metrics) and gate.safetensors.
 """
 from __future__ import annotations
@@ -50,6 +57,8 @@ class OffTopicConfig:
     cosine_threshold: float = -1.0  # best request-tool MiniLM cosine below this: suspected off-topic
     head_threshold: float = float("-inf")  # soft-token head's logit of "a tool request" below this: off-topic
     max_false_refusals: float = 0.02  # each detector's share of validation call requests below its threshold
+    dismiss_threshold: float = -1.0  # best cosine below this (an ASCII request): refused without the large model
+    max_false_dismissals: float = 0.001  # fc-train's ASCII call requests below `dismiss_threshold`
     l2: float = 1e-2
     embedder: str = MINILM_NAME
     large_model: str = ""  # whose soft tokens the head reads
@@ -57,7 +66,8 @@ class OffTopicConfig:
 
 
 class OffTopicGate:
-    """`suspects(request, tools)`: MiniLM alone; `confirms(soft_token)`: the soft-token head agrees."""
+    """`screen(request, tools)`: MiniLM alone (dismissed, suspected or clear); `confirms(soft_token)`:
+    the soft-token head agrees with a suspicion."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor, mean: torch.Tensor, std: torch.Tensor,
                  config: OffTopicConfig, embedder: Embedder | None = None):
@@ -84,9 +94,19 @@ class OffTopicGate:
     def head_logits(self, soft_tokens: torch.Tensor) -> torch.Tensor:
         return ((soft_tokens.float().reshape(-1, len(self.mean)) - self.mean) / self.std) @ self.weight + self.bias
 
+    def screen(self, request: str, tools: Sequence[Tool]) -> str:
+        """MiniLM's verdict, one embedding: "dismissed" (refuse without the large model), "suspected"
+        (small talk, or a request MiniLM cannot read: the head decides) or "clear"."""
+        if not tools:
+            return "clear"  # nothing offered: nothing to gate
+        cosine = self.best_cosine(request, tools)
+        if cosine < self.config.dismiss_threshold and request.isascii():
+            return "dismissed"
+        return "suspected" if cosine < self.config.cosine_threshold else "clear"
+
     def suspects(self, request: str, tools: Sequence[Tool]) -> bool:
         """No offered tool is close to the request (MiniLM): small talk, or a request MiniLM cannot read."""
-        return bool(tools) and self.best_cosine(request, tools) < self.config.cosine_threshold
+        return self.screen(request, tools) != "clear"
 
     def confirms(self, soft_token: torch.Tensor) -> bool:
         """The large model's state reads the request as off-topic too."""
@@ -170,6 +190,18 @@ def calibrate_gate(gate: OffTopicGate, val: GateData) -> None:
     gate.config.head_threshold = float(np.quantile(gate.head_logits(val.soft_tokens[calls]).numpy(), q, method="lower"))
 
 
+def calibrate_dismissal(gate: OffTopicGate, calls: Sequence[Example]) -> dict[str, Any]:
+    """`dismiss_threshold`: the `max_false_dismissals` quantile of the best cosines of the ASCII
+    call requests among `calls` (at most that share of them lies strictly below it); returns what it
+    measured, for the gate's metrics."""
+    cosines = np.array([gate.best_cosine(ex.query, ex.tools) for ex in tqdm(calls, desc="off-topic gate: dismissal", unit="req")
+                        if ex.answers and ex.tools and ex.query.isascii()])
+    if not len(cosines):
+        raise ValueError("the dismissal threshold needs ASCII call requests with tools")
+    gate.config.dismiss_threshold = float(np.quantile(cosines, gate.config.max_false_dismissals, method="lower"))
+    return {"call_requests": len(cosines), "call_dismissed": float(np.mean(cosines < gate.config.dismiss_threshold))}
+
+
 def gate_rates(gate: OffTopicGate, data: GateData) -> dict[str, float]:
     """Shares of call requests and of off-topic requests refused, by each detector and by the gate."""
     by_cosine = data.best_cosines < gate.config.cosine_threshold
@@ -206,5 +238,7 @@ def train_gate(examples: Sequence[Example], soft_token: Callable[[str, list[Tool
                          "off-topic gate: validation requests")
     fit_head(gate, train_data)
     calibrate_gate(gate, val_data)
-    config.metrics = {"train": gate_rates(gate, train_data), "validation": gate_rates(gate, val_data)}
+    dismissal = calibrate_dismissal(gate, [*calls_train, *calls_val])
+    config.metrics = {"train": gate_rates(gate, train_data), "validation": gate_rates(gate, val_data),
+                      "dismissal": dismissal}
     return gate

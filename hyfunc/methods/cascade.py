@@ -21,7 +21,8 @@ An artifact directory (written by `hyfunc prepare`) holds what was trained::
     off_topic/           the off-topic gate (cascade/off_topic.py), optional
 
 With an off-topic gate in the artifact, small talk and general questions are refused after step 1
-when both its detectors agree (MiniLM finds no offered tool close, the soft token reads off-topic).
+when both its detectors agree (MiniLM finds no offered tool close, the soft token reads off-topic),
+and before it, with no large-model pass, when an English request is far from every offered tool.
 """
 from __future__ import annotations
 
@@ -297,8 +298,13 @@ class HyFuncMethod:
         request = _request_text(messages)
         gate = self.gate if self.options.off_topic_gate else None
         start = time.perf_counter()
-        suspected = gate is not None and gate.suspects(request, tools)
+        screened = gate.screen(request, tools) if gate is not None else "clear"
         timings["gate"] = time.perf_counter() - start
+        if screened == "dismissed":  # far from every tool: no large-model pass
+            if on_text is not None:
+                on_text(calls_text([]))
+            return Answer(calls=[], timings=timings, details={"refused_by": "off_topic_gate", "dismissed": True})
+        suspected = screened == "suspected"
         per_function = self._per_function if self._per_function is not None and self._per_function.tools == list(tools) else None
         encoding, reused, retriever = self._encode(messages, tools, per_function)
         start = time.perf_counter()

@@ -209,7 +209,8 @@ class RoutedMethod:
         if routing.router is None or routing.small is None or not tools or not request_text(messages):
             return False
         gate = getattr(self.cascade, "gate", None)
-        # Maybe small talk: the cascade's gate decides with the large model's state.
+        # Maybe small talk: the cascade's gate decides with the large model's state (or dismisses it
+        # with no large-model pass when an English request is far from every tool).
         return gate is None or not gate.suspects(request_text(messages), tools)
 
     def choose(self, messages: Sequence[dict], tools: Sequence[Tool], routing: Routing | None = None,
