@@ -220,8 +220,8 @@ def train_gate(examples: Sequence[Example], soft_token: Callable[[str, list[Tool
     """A gate for the large model whose soft tokens `soft_token(request, tools)` returns, trained
     on fc-train `examples` against the ChatterBot corpus on the split `hyfunc prepare` uses (at most
     `max_per_class` training requests of each class and `max_val_calls` validation call requests:
-    every one costs a large-model pass); its
-    train / validation rates are in `config.metrics`."""
+    every one costs a large-model pass), its dismissal threshold on every call request of `examples`
+    (MiniLM only); its train / validation / dismissal rates are in `config.metrics`."""
     config = config or OffTopicConfig()
     config.large_model = large_model
     rng = random.Random(seed)
