@@ -65,6 +65,11 @@ class OffTopicConfig:
     metrics: dict[str, Any] = field(default_factory=dict)
 
 
+def minilm_reads(request: str) -> bool:
+    """Whether a request may be dismissed on its MiniLM cosine: MiniLM reads English, so only ASCII text."""
+    return request.isascii()
+
+
 class OffTopicGate:
     """`screen(request, tools)`: MiniLM alone (dismissed, suspected or clear); `confirms(soft_token)`:
     the soft-token head agrees with a suspicion."""
@@ -100,7 +105,7 @@ class OffTopicGate:
         if not tools:
             return "clear"  # nothing offered: nothing to gate
         cosine = self.best_cosine(request, tools)
-        if cosine < self.config.dismiss_threshold and request.isascii():
+        if cosine < self.config.dismiss_threshold and minilm_reads(request):
             return "dismissed"
         return "suspected" if cosine < self.config.cosine_threshold else "clear"
 
@@ -195,7 +200,7 @@ def calibrate_dismissal(gate: OffTopicGate, calls: Sequence[Example]) -> dict[st
     call requests among `calls` (at most that share of them lies strictly below it); returns what it
     measured, for the gate's metrics."""
     cosines = np.array([gate.best_cosine(ex.query, ex.tools) for ex in tqdm(calls, desc="off-topic gate: dismissal", unit="req")
-                        if ex.answers and ex.tools and ex.query.isascii()])
+                        if ex.answers and ex.tools and minilm_reads(ex.query)])
     if not len(cosines):
         raise ValueError("the dismissal threshold needs ASCII call requests with tools")
     gate.config.dismiss_threshold = float(np.quantile(cosines, gate.config.max_false_dismissals, method="lower"))
