@@ -26,6 +26,7 @@ from pathlib import Path
 from hyfunc.cascade.data import load_examples, split_examples
 from hyfunc.eval.provenance import provenance
 from hyfunc.formats.calls import Call, same_calls
+from hyfunc.methods.cascade import DEFAULT_ARTIFACT
 from hyfunc.models.registry import DEFAULT_MODELS
 from hyfunc.routing.routed import SharedEmbedder, load_small
 from hyfunc.routing.router import Router
@@ -37,6 +38,8 @@ def main() -> int:
     parser.add_argument("--data", nargs="+", default=["../shared/data/fc-train"])
     parser.add_argument("--version", required=True)
     parser.add_argument("--engine", default="auto")
+    parser.add_argument("--artifact", default=str(DEFAULT_ARTIFACT),
+                        help="the cascade the version routes against (its adapter, where the version names it)")
     parser.add_argument("--out", required=True)
     parser.add_argument("--shipped-gguf", action="store_true", help="llama.cpp runs the shipped GGUF files, not requantized copies")
     args = parser.parse_args()
@@ -49,7 +52,8 @@ def main() -> int:
     by_id = {ex.id: ex for ex in val}
     version = Path(args.version)
     embedder = SharedEmbedder()
-    small = load_small(version / "small" if (version / "small").is_dir() else version, embedder, args.engine)
+    small = load_small(version / "small" if (version / "small").is_dir() else version, embedder, args.engine,
+                       cascade_adapter=Path(args.artifact) / "adapter")
     router = Router.load(version / "router", embedder=embedder) if (version / "router").is_dir() else None
     rows = []
     for row in reference["rows"]:

@@ -81,7 +81,7 @@ def tiny_version(directory: Path, small_model: Path, threshold: float | None = N
     selector = identity_selector()
     selector.config.lexical_weight, selector.config.threshold, selector.config.refusal_threshold = 1.0, 0.9, -1.0
     selector.save(directory / "small" / "selector", meta={"embedder": MINILM_NAME})
-    (directory / "small" / SMALL_MANIFEST).write_text(json.dumps(small_description(str(small_model), adapter=False)))
+    (directory / "small" / SMALL_MANIFEST).write_text(json.dumps(small_description(str(small_model), adapter=None)))
     return directory
 
 

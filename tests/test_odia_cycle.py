@@ -204,3 +204,49 @@ def test_a_cycle_without_distillation_keeps_the_small_model_and_retrains_the_rou
     assert all((kept / f).read_bytes() == (champion / f).read_bytes() for f in files)
     with open_store(store_path) as store, pytest.raises(ValueError, match="distil_on"):
         run_cycle(store, versions, setup["artifact"], CycleConfig(distil_on="some"))
+
+
+def test_a_cycle_without_distillation_names_the_cascades_adapter_instead_of_copying_it(setup: dict, tmp_path) -> None:
+    """`distil_on="none"` on the cascade's own small model: the version pins the cascade's adapter by
+    its sha256 (no 35 MB copy); it loads with that cascade, and with another adapter or none it is
+    refused with the reason."""
+    import shutil
+
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from hyfunc.routing.routed import CASCADE_ADAPTER, SMALL_MANIFEST, SharedEmbedder, adapter_sha256, load_version
+
+    artifact = tmp_path / "cascade"
+    shutil.copytree(setup["artifact"], artifact)
+    small_model = json.loads((artifact / "manifest.json").read_text())["small_model"]
+    torch_model = AutoModelForCausalLM.from_pretrained(small_model)
+    get_peft_model(torch_model, LoraConfig(r=4, target_modules=["q_proj", "v_proj"])).save_pretrained(artifact / "adapter")
+    versions = Versions(tmp_path / "odia")
+    with open_store(tmp_path / "traffic.sqlite") as store:
+        store.write([encode(r) for r in traffic(0, 60)])
+        report = run_cycle(store, versions, artifact, CycleConfig(target=0.95, small_first=True, min_requests=40,
+                                                                  selector=str(setup["selector"]), distil_on="none"))
+    assert report.version, report
+    small = versions.path(report.version) / "small"
+    description = json.loads((small / SMALL_MANIFEST).read_text())
+    assert description["adapter"] == CASCADE_ADAPTER and not (small / "adapter").exists(), description
+    assert description["adapter_sha256"] == adapter_sha256(artifact / "adapter")
+    assert report.mining["labelled"] == 48, report  # the candidate's small path ran with the cascade's adapter
+
+    embedder = SharedEmbedder()
+    routing = load_version(versions.path(report.version), embedder, cascade_adapter=artifact / "adapter")
+    assert routing.small is not None and routing.router is not None
+    with pytest.raises(FileNotFoundError, match="load it with that cascade"):
+        load_version(versions.path(report.version), embedder)
+    other = tmp_path / "other-adapter"
+    shutil.copytree(artifact / "adapter", other)
+    config = json.loads((other / "adapter_config.json").read_text())
+    (other / "adapter_config.json").write_text(json.dumps({**config, "r": 8}))
+    with pytest.raises(ValueError, match="not .*other-adapter"):
+        load_version(versions.path(report.version), embedder, cascade_adapter=other)
+    # Served against the cascade it names (RoutedMethod finds the adapter through the cascade's artifact).
+    routed = RoutedMethod.load(HyFuncMethod.load(artifact), versions.path(report.version))
+    assert routed.routing.version == report.version and routed.routing.small is not None
+    with pytest.raises(FileNotFoundError, match="load it with that cascade"):
+        RoutedMethod.load(HyFuncMethod.load(setup["artifact"]), versions.path(report.version))

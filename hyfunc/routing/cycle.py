@@ -51,9 +51,11 @@ from hyfunc.routing.distil import (
 from hyfunc.routing.evaluate import replay, replay_router, small_path_accuracy
 from hyfunc.routing.mining import method_small_path, mine
 from hyfunc.routing.routed import (
+    CASCADE_ADAPTER,
     SMALL_MANIFEST,
     Routing,
     SharedEmbedder,
+    adapter_sha256,
     load_small,
     load_version,
     open_small,
@@ -150,14 +152,17 @@ def run_cycle(store: TrafficStore, versions: Versions, artifact: str | Path, con
                           "held_out": sum(t >= held_since for t in times)})
 
     # What the candidate starts from: the champion's small path, or the cascade's small model.
-    base_model, warm = _artifact_small(artifact)
+    base_model, cascade_adapter = _artifact_small(artifact)
+    warm = cascade_adapter
     champion: Routing | None = None
     if champion_id is not None:
-        champion = load_version(versions.path(champion_id), embedder, config.engine, config.device, champion_id)
+        champion = load_version(versions.path(champion_id), embedder, config.engine, config.device, champion_id,
+                                cascade_adapter)
         small_dir = versions.path(champion_id) / "small"
         description = json.loads((small_dir / SMALL_MANIFEST).read_text())
         base_model = description["base_model"]
-        warm = small_dir / description["adapter"] if description.get("adapter") else warm
+        if description.get("adapter") != CASCADE_ADAPTER:
+            warm = small_dir / description["adapter"] if description.get("adapter") else None
         selector_dir = small_dir / description["selector"]
     else:
         selector_dir = Path(config.selector) if config.selector else default_selector_dir()
@@ -189,10 +194,16 @@ def run_cycle(store: TrafficStore, versions: Versions, artifact: str | Path, con
             if not teacher:
                 report.reasons = ["the current small path reproduces no teacher answer of the training window"]
                 return report
+        adapter: str | None = None
+        pinned = None
         if config.distil_on == "none":
             # The current small model as it is: only the router is retrained on this window's labels.
-            if warm is not None:
+            # The cascade's own adapter is referred to, not copied (35 MB per version otherwise).
+            if warm is not None and warm == cascade_adapter:
+                adapter, pinned = CASCADE_ADAPTER, adapter_sha256(warm)
+            elif warm is not None:
                 shutil.copytree(warm, candidate_dir / "adapter")
+                adapter = "adapter"
             report.distillation["skipped"] = "distil_on='none': the current small model, a new router"
         else:
             fc_replay = replay_examples(config.replay_data, int(config.distil.replay_fraction * len(teacher)) + 1,
@@ -200,9 +211,9 @@ def run_cycle(store: TrafficStore, versions: Versions, artifact: str | Path, con
             report.distillation.update(distil(base_model, warm, teacher, fc_replay, selector, work / "distil",
                                               config.distil))
             shutil.move(str(work / "distil" / "adapter"), str(candidate_dir / "adapter"))
-        adapter = (candidate_dir / "adapter").is_dir()
-        (candidate_dir / SMALL_MANIFEST).write_text(json.dumps(small_description(base_model, adapter=adapter)))
-        small = load_small(candidate_dir, embedder, config.engine, config.device, version="candidate")
+            adapter = "adapter"
+        (candidate_dir / SMALL_MANIFEST).write_text(json.dumps(small_description(base_model, adapter, pinned)))
+        small = load_small(candidate_dir, embedder, config.engine, config.device, "candidate", cascade_adapter)
 
         labels: list[Label] = []
         mining = mine(store, method_small_path(small), small_path_name=f"candidate:{work.name}", embedder=embedder,

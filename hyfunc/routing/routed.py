@@ -7,7 +7,10 @@ A *routing directory* (what `--router DIR` names) is either
   (`aliases.json` is polled; the new version loads in the background and is swapped in between
   requests, so none is dropped); before any promotion everything goes to the cascade;
 - one version directory: ``router/`` (hyfunc.routing.router) and ``small/`` (small.json naming
-  the base small model, its LoRA ``adapter/`` and the tool ``selector/``).
+  the base small model, its LoRA ``adapter/`` and the tool ``selector/``). A version whose small
+  model is the cascade's own, unchanged (no distillation), names the adapter "cascade" with its
+  sha256 instead of copying it: it is loaded with the cascade it is routed against, and refused
+  with any other.
 
 `RoutedMethod` is a `Method` (Python API, `hyfunc call/eval --router`); its answers say which path
 answered in `details["path"]`. The server uses the same object through `server_paths()` and
@@ -15,6 +18,7 @@ answered in `details["path"]`. The server uses the same object through `server_p
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import random
@@ -38,6 +42,8 @@ from hyfunc.routing.router import Router
 log = logging.getLogger("hyfunc.routing")
 
 SMALL_MANIFEST = "small.json"
+CASCADE_ADAPTER = "cascade"  # small.json's adapter when it is the cascade artifact's own
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")  # what defines a LoRA adapter (peft)
 SMALL_FIRST = "small_first"  # the server's path for a router that reads the small path's answer
 
 
@@ -78,9 +84,44 @@ class Routing:
     version: str | None
 
 
-def small_description(base_model: str, adapter: bool) -> dict:
-    return {"format": "hyfunc-small-path", "version": 1, "base_model": base_model,
-            "adapter": "adapter" if adapter else None, "selector": "selector"}
+def small_description(base_model: str, adapter: str | None, adapter_sha256: str | None = None) -> dict:
+    """small.json. `adapter`: "adapter" (a directory beside it), CASCADE_ADAPTER (the cascade's own
+    adapter, pinned by `adapter_sha256`), or None (the base model alone)."""
+    description = {"format": "hyfunc-small-path", "version": 1, "base_model": base_model, "adapter": adapter,
+                   "selector": "selector"}
+    if adapter_sha256 is not None:
+        description["adapter_sha256"] = adapter_sha256
+    return description
+
+
+def adapter_sha256(directory: Path) -> str:
+    """One digest of the files that define a LoRA adapter (not its README)."""
+    digest = hashlib.sha256()
+    for name in ADAPTER_FILES:
+        digest.update(name.encode("utf-8") + b"\0" + (directory / name).read_bytes())
+    return digest.hexdigest()
+
+
+def cascade_adapter_of(cascade: Any) -> Path | None:
+    """The LoRA adapter of a loaded cascade's small model, if it was loaded from an artifact that has one."""
+    artifact = getattr(cascade, "artifact", None)
+    adapter = Path(artifact) / "adapter" if artifact is not None else None
+    return adapter if adapter is not None and adapter.is_dir() else None
+
+
+def _adapter(directory: Path, description: dict, cascade_adapter: Path | None) -> Path | None:
+    name = description.get("adapter")
+    if name != CASCADE_ADAPTER:
+        return directory / name if name else None
+    pinned = description.get("adapter_sha256", "")
+    if cascade_adapter is None:
+        raise FileNotFoundError(f"{directory}: its small model is the adapter of the cascade it was trained against "
+                                f"(sha256 {pinned[:12]}…); load it with that cascade")
+    found = adapter_sha256(cascade_adapter)
+    if found != pinned:
+        raise ValueError(f"{directory}: its small model is the adapter of the cascade it was trained against (sha256 "
+                         f"{pinned[:12]}…), not {cascade_adapter} ({found[:12]}…)")
+    return cascade_adapter
 
 
 def open_small(base_model: str, adapter: Path | None, selector: Path, embedder: Embedder, engine: str = "auto",
@@ -93,20 +134,21 @@ def open_small(base_model: str, adapter: Path | None, selector: Path, embedder: 
 
 
 def load_small(directory: str | Path, embedder: Embedder, engine: str = "auto", device: str | None = None,
-               version: str | None = None) -> SmallMethod:
-    """The small path of a version's ``small/`` directory, on `engine`."""
+               version: str | None = None, cascade_adapter: Path | None = None) -> SmallMethod:
+    """The small path of a version's ``small/`` directory, on `engine`; `cascade_adapter`: the adapter
+    of the cascade routed against (needed when small.json names the cascade's adapter)."""
     directory = Path(directory)
     description = json.loads((directory / SMALL_MANIFEST).read_text())
-    adapter = directory / description["adapter"] if description.get("adapter") else None
-    return open_small(description["base_model"], adapter, directory / description["selector"], embedder, engine,
-                      device, version)
+    return open_small(description["base_model"], _adapter(directory, description, cascade_adapter),
+                      directory / description["selector"], embedder, engine, device, version)
 
 
 def load_version(directory: str | Path, embedder: Embedder, engine: str = "auto", device: str | None = None,
-                 version: str | None = None) -> Routing:
+                 version: str | None = None, cascade_adapter: Path | None = None) -> Routing:
     directory = Path(directory)
     router = Router.load(directory / "router", embedder=embedder)
-    return Routing(load_small(directory / "small", embedder, engine, device, version), router, version)
+    return Routing(load_small(directory / "small", embedder, engine, device, version, cascade_adapter), router,
+                   version)
 
 
 class RoutedMethod:
@@ -140,8 +182,9 @@ class RoutedMethod:
         A versions directory without a champion yet routes nothing until one is promoted."""
         directory = Path(directory)
         embedder = embedder or SharedEmbedder()
+        adapter = cascade_adapter_of(cascade)
         if (directory / "router").is_dir() and (directory / "small").is_dir():
-            method = cls(cascade, load_version(directory, embedder, engine, device, directory.name), embedder)
+            method = cls(cascade, load_version(directory, embedder, engine, device, directory.name, adapter), embedder)
         elif (directory / "aliases.json").is_file() or (directory / "versions").is_dir():
             from hyfunc.routing.versions import Versions
 
@@ -149,7 +192,7 @@ class RoutedMethod:
             if champion is None:
                 routing = Routing(None, None, None)
             else:
-                routing = load_version(Versions(directory).path(champion), embedder, engine, device, champion)
+                routing = load_version(Versions(directory).path(champion), embedder, engine, device, champion, adapter)
             method = cls(cascade, routing, embedder)
             method._watch = (directory, poll_seconds, champion)
         else:
@@ -184,7 +227,7 @@ class RoutedMethod:
 
         try:
             routing = load_version(Versions(root).path(champion), self.embedder or SharedEmbedder(), self._engine,
-                                   self._device, champion)
+                                   self._device, champion, cascade_adapter_of(self.cascade))
             self.routing = routing  # one assignment: a request sees the old version or the new one
             self._watch = (root, self._watch[1] if self._watch else 5.0, champion)
             log.info("now serving version %s", champion)
