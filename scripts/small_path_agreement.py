@@ -28,7 +28,7 @@ from hyfunc.eval.provenance import provenance
 from hyfunc.formats.calls import Call, same_calls
 from hyfunc.methods.cascade import DEFAULT_ARTIFACT
 from hyfunc.models.registry import DEFAULT_MODELS
-from hyfunc.routing.routed import SharedEmbedder, load_small
+from hyfunc.routing.routed import SharedEmbedder, artifact_adapter, load_small
 from hyfunc.routing.router import Router
 
 
@@ -53,7 +53,7 @@ def main() -> int:
     version = Path(args.version)
     embedder = SharedEmbedder()
     small = load_small(version / "small" if (version / "small").is_dir() else version, embedder, args.engine,
-                       cascade_adapter=Path(args.artifact) / "adapter")
+                       cascade_adapter=artifact_adapter(args.artifact))
     router = Router.load(version / "router", embedder=embedder) if (version / "router").is_dir() else None
     rows = []
     for row in reference["rows"]:

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 
 import pytest
+from peft import LoraConfig, get_peft_model
+from transformers import AutoModelForCausalLM
 
 from hyfunc.cli import main
 from hyfunc.formats.schema import parse_tools
@@ -20,7 +23,7 @@ from hyfunc.routing.cycle import CycleConfig, run_cycle
 from hyfunc.routing.distil import DistilConfig
 from hyfunc.models.minilm import MINILM_NAME
 from hyfunc.routing.record import ServedRequest
-from hyfunc.routing.routed import RoutedMethod
+from hyfunc.routing.routed import CASCADE_ADAPTER, SMALL_MANIFEST, RoutedMethod, SharedEmbedder, adapter_sha256, load_version
 from hyfunc.routing.store import encode
 from hyfunc.routing.stores import open_store
 from hyfunc.routing.versions import Versions
@@ -210,13 +213,6 @@ def test_a_cycle_without_distillation_names_the_cascades_adapter_instead_of_copy
     """`distil_on="none"` on the cascade's own small model: the version pins the cascade's adapter by
     its sha256 (no 35 MB copy); it loads with that cascade, and with another adapter or none it is
     refused with the reason."""
-    import shutil
-
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    from hyfunc.routing.routed import CASCADE_ADAPTER, SMALL_MANIFEST, SharedEmbedder, adapter_sha256, load_version
-
     artifact = tmp_path / "cascade"
     shutil.copytree(setup["artifact"], artifact)
     small_model = json.loads((artifact / "manifest.json").read_text())["small_model"]

@@ -56,6 +56,7 @@ from hyfunc.routing.routed import (
     Routing,
     SharedEmbedder,
     adapter_sha256,
+    artifact_adapter,
     load_small,
     load_version,
     open_small,
@@ -105,8 +106,7 @@ class CycleReport:
 
 def _artifact_small(artifact: Path) -> tuple[str, Path | None]:
     manifest = json.loads((artifact / MANIFEST).read_text())
-    adapter = artifact / "adapter"
-    return manifest["small_model"], adapter if adapter.is_dir() else None
+    return manifest["small_model"], artifact_adapter(artifact)
 
 
 def _window(store: TrafficStore, since: float | None, holdout: float) -> tuple[list[float], float | None]:

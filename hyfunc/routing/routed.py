@@ -102,11 +102,15 @@ def adapter_sha256(directory: Path) -> str:
     return digest.hexdigest()
 
 
-def cascade_adapter_of(cascade: Any) -> Path | None:
-    """The LoRA adapter of a loaded cascade's small model, if it was loaded from an artifact that has one."""
-    artifact = getattr(cascade, "artifact", None)
+def artifact_adapter(artifact: str | Path | None) -> Path | None:
+    """The LoRA adapter of a cascade artifact's small model, if it has one."""
     adapter = Path(artifact) / "adapter" if artifact is not None else None
     return adapter if adapter is not None and adapter.is_dir() else None
+
+
+def cascade_adapter_of(cascade: Any) -> Path | None:
+    """The adapter of a loaded cascade's small model (`artifact_adapter` of the directory it was loaded from)."""
+    return artifact_adapter(getattr(cascade, "artifact", None))
 
 
 def _adapter(directory: Path, description: dict, cascade_adapter: Path | None) -> Path | None:
