@@ -192,6 +192,55 @@ def test_unknown_kinds_are_refused(backend) -> None:
         LargeValueWriter(backend, prompt, kinds=("string", "boolean"))
 
 
+class Knowing:
+    """The tiny backend made to write `script` from cache position `start` on, whatever it is fed
+    there: the logits after position p pick script[p - start] (the end of text after it). Drafts
+    that copy the script are its own greedy choices; others are not."""
+
+    def __init__(self, backend, script: str):
+        self.backend, self.script, self.start, self.passes = backend, backend.encode(script), 0, 0
+
+    def __getattr__(self, name):
+        return getattr(self.backend, name)
+
+    def forward(self, ids=None, embeds=None, cache=None, logits_to_keep=1, output_hidden=False):
+        self.passes += 1
+        step = self.backend.forward(ids=ids, embeds=embeds, cache=cache, logits_to_keep=logits_to_keep)
+        rows = step.tail_logits if logits_to_keep > 1 else step.logits[None]
+        first = step.cache.get_seq_length() - len(rows) + 1  # the cache length after the first row's token
+        picked = torch.full_like(rows, -1e4)
+        for i in range(len(rows)):
+            at = first + i - self.start
+            picked[i, self.script[at] if 0 <= at < len(self.script) else next(iter(self.backend.eos_ids))] = 0.0
+        step.logits, step.tail_logits = picked[-1], picked if logits_to_keep > 1 else None
+        return step
+
+
+@pytest.mark.parametrize("kind, request_text, script, value", [
+    ("string", "is it raining in San Francisco today?", 'San Francisco today", ', "San Francisco today"),
+    ("string", "is it raining in San Diego today?", 'San Francisco today", ', "San Francisco today"),  # draft wrong from "San " on
+    ("number", "order 12345 units", " 12345, ", "12345"),
+])
+def test_drafts_from_the_request_write_the_same_value_in_fewer_passes(backend, kind, request_text, script, value) -> None:
+    text = '[{"name": "f", "arguments": {"a": ' + ('"' if kind == "string" else "")
+    results = {}
+    for source in ("", request_text):
+        knowing = Knowing(backend, script)
+        prompt = knowing.forward(ids=backend.encode("the prompt"))
+        head = text.rstrip(" ")  # a number is written with the space before it (`_split_gap`)
+        knowing.start = prompt.cache.get_seq_length() + len(backend.encode(head))
+        writer = LargeValueWriter(knowing, prompt, kinds=(kind,), draft_source=source)
+        knowing.passes = 0
+        written = writer.string(text) if kind == "string" else writer.number(text, integer=True)
+        results[source] = (written, writer._seen, writer._cache.get_seq_length(), knowing.passes, writer.drafted)
+    plain, drafted = results[""], results[request_text]
+    assert plain[0] == drafted[0] == value
+    assert plain[1:3] == drafted[1:3]  # the same text followed, no drafted token left in the cache
+    assert plain[4] == 0 and drafted[4] > 0
+    if "Francisco" in request_text or kind == "number":
+        assert drafted[3] < plain[3]  # a right draft saves passes
+
+
 def test_cascade_writes_values_with_the_large_model_unless_switched_off() -> None:
     from hyfunc.methods.cascade import CascadeOptions
     from tests.serve_app import tiny_cascade

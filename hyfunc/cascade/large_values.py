@@ -14,6 +14,12 @@ The small model keeps every structural choice (which tools, how many calls, whic
 how many array items) and every value the writer declines. Which kinds the large model writes is
 the writer's `kinds`; the cascade's options set it.
 
+Values mostly copy the request: as the templating decoder does for the small model
+(templating/drafting.py), the text that follows the value so far in the request is run as a draft
+in the same pass as the token just chosen, and each drafted token is kept only while it is the
+large model's own greedy choice. The values are the same as without drafts (up to float rounding
+of the batched pass); a value copied from the request costs two or three passes, not one per token.
+
 One writer per request. It follows the answer text incrementally: only text it has not seen is
 run through the large model (a repeat-guard rewind that took text back makes it fork the
 prompt's state again). Engine-independent: `forward`, `fork`, `encode`, `decode` and a cache
@@ -29,6 +35,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from hyfunc.cascade.templating.drafting import copy_draft
 from hyfunc.models.base import BackendBase, StepOutput
 
 KINDS = ("string", "choice", "number")
@@ -44,19 +51,24 @@ class LargeValueWriter:
 
     def __init__(
         self, backend: BackendBase, prompt_state: StepOutput, max_tokens: int = 48,
-        kinds: Sequence[str] = ("string",),
+        kinds: Sequence[str] = ("string",), draft_source: str = "", max_draft_tokens: int = 24,
     ):
+        """`draft_source`: the text values are likely copied from (the request); drafts are off
+        when it is empty or `max_draft_tokens` is 0."""
         unknown = set(kinds) - set(KINDS)
         if unknown:
             raise ValueError(f"unknown value kinds {sorted(unknown)}; known: {list(KINDS)}")
         self.backend, self.prompt_state, self.max_tokens = backend, prompt_state, max_tokens
         self.kinds = frozenset(kinds)
+        self.draft_source, self.max_draft_tokens = draft_source, max_draft_tokens
         self._cache: Any = None
         self._seen = ""  # answer text the cache holds, after the prompt
         self._logits = None  # the next-token logits after `_seen`
         self.seconds = 0.0
         self.values = 0  # values written (or chosen)
         self.tokens = 0  # tokens the large model generated or scored
+        self.passes = 0  # forward passes of the large model
+        self.drafted = 0  # drafted tokens run through it, kept or not
 
     def _follow(self, text: str) -> None:
         if self._cache is None or not text.startswith(self._seen):
@@ -65,6 +77,7 @@ class LargeValueWriter:
         if new:
             step = self.backend.forward(ids=self.backend.encode(new), cache=self._cache)
             self._cache, self._logits, self._seen = step.cache, step.logits, text
+            self.passes += 1
 
     def _timed(self, write: Callable[[], Any]) -> Any:
         start = time.perf_counter()
@@ -77,7 +90,7 @@ class LargeValueWriter:
         """A free string's content; `text_so_far` ends with its opening quote."""
         if "string" not in self.kinds:
             return None
-        return self._timed(lambda: self._generate(text_so_far, _string_end, _string_value))
+        return self._timed(lambda: self._generate(text_so_far, _string_end, _string_value, lambda text: ("string", text)))
 
     def number(self, text_so_far: str, integer: bool) -> str | None:
         """A number's JSON text, when it is one (an integer for `integer`)."""
@@ -88,7 +101,10 @@ class LargeValueWriter:
         def value_of(text: str) -> str | None:
             return _number_value(text[len(gap):], integer) if text.startswith(gap) else None
 
-        return self._timed(lambda: self._generate(head, lambda text: _number_end(text, gap), value_of))
+        def so_far(text: str) -> tuple[str, str] | None:
+            return ("number", text[len(gap):]) if text.startswith(gap) else None
+
+        return self._timed(lambda: self._generate(head, lambda text: _number_end(text, gap), value_of, so_far))
 
     def choice(self, text_so_far: str, options: Sequence[str]) -> int | None:
         """The index of the option (JSON texts: enum members) whose tokens the large model finds
@@ -104,42 +120,80 @@ class LargeValueWriter:
         for option in options:
             ids = self.backend.encode(gap + option)
             step = self.backend.forward(ids=ids, cache=self._cache, logits_to_keep=len(ids))
-            self._cache.crop(-len(ids))  # scored, then forgotten: the template writes the chosen one
+            self._cache.crop(-len(ids))
+            self.passes += 1  # scored, then forgotten: the template writes the chosen one
             rows = self._logits[None] if len(ids) == 1 else torch.cat([self._logits[None], step.tail_logits[:-1]])
             scores.append(float(torch.log_softmax(rows.float(), -1)[range(len(ids)), ids].sum()))
             self.tokens += len(ids)
         self.values += 1
         return max(range(len(options)), key=scores.__getitem__)
 
-    def _generate(self, text_so_far: str, end_of: Callable[[str], int | None], value_of: Callable[[str], Any]) -> Any:
+    def _generate(
+        self, text_so_far: str, end_of: Callable[[str], int | None], value_of: Callable[[str], Any],
+        so_far: Callable[[str], tuple[str, str] | None],
+    ) -> Any:
         """Greedy tokens after `text_so_far` until `end_of(text)` finds where the value's text
-        ends; `value_of(text)` then reads the value (None: not a usable one)."""
+        ends; `value_of(text)` then reads the value (None: not a usable one). `so_far(text)`:
+        (kind, the value's text) to look up drafts with, None for none."""
         self._follow(text_so_far)
         before, logits_before = self._cache.get_seq_length(), self._logits
         ids: list[int] = []  # generated tokens whose text is in the cache
-        for _ in range(self.max_tokens):
-            tid = int(self._logits.argmax())
-            self.tokens += 1
-            if tid in self.backend.eos_ids:
-                break
-            text = self.backend.decode(ids + [tid])
-            end = end_of(text)
-            if end is not None:
-                # The ending token is not run: the template decides what follows the value, so
-                # the next value's call feeds the text from here on.
-                self._seen = text_so_far + self.backend.decode(ids)
-                value = value_of(text[:end])
-                if value is not None:
-                    self.values += 1
-                return value
-            ids.append(tid)
-            step = self.backend.forward(ids=[tid], cache=self._cache)
-            self._cache, self._logits = step.cache, step.logits
-        grown = self._cache.get_seq_length() - before
-        if grown:
-            self._cache.crop(-grown)  # no value within the cap: forget the attempt
-        self._seen, self._logits = text_so_far, logits_before
-        return None
+        ahead: list[tuple[int, torch.Tensor]] = []  # drafted tokens in the cache after `ids`, with the logits after each
+        try:
+            for _ in range(self.max_tokens):
+                tid = int(self._logits.argmax())
+                self.tokens += 1
+                if tid in self.backend.eos_ids:
+                    break
+                text = self.backend.decode(ids + [tid])
+                end = end_of(text)
+                if end is not None:
+                    # The ending token is not run: the template decides what follows the value, so
+                    # the next value's call feeds the text from here on.
+                    self._seen = text_so_far + self.backend.decode(ids)
+                    value = value_of(text[:end])
+                    if value is not None:
+                        self.values += 1
+                    return value
+                ids.append(tid)
+                if ahead and ahead[0][0] == tid:  # the draft's next token is the model's own choice
+                    self._logits = ahead.pop(0)[1]
+                    continue
+                self._drop(ahead)
+                draft = self._draft(so_far(text))
+                step = self.backend.forward(ids=[tid] + draft, cache=self._cache, logits_to_keep=len(draft) + 1)
+                rows = step.tail_logits if draft else step.logits[None]
+                self._cache, self._logits = step.cache, rows[0]
+                ahead = list(zip(draft, rows[1:]))
+                self.passes += 1
+                self.drafted += len(draft)
+            grown = self._cache.get_seq_length() - before
+            if grown:
+                self._cache.crop(-grown)  # no value within the cap: forget the attempt
+            ahead = []
+            self._seen, self._logits = text_so_far, logits_before
+            return None
+        finally:
+            self._drop(ahead)
+
+    def _draft(self, value: tuple[str, str] | None) -> list[int]:
+        """Tokens likely to continue `value` (kind, text so far): the request's text after it."""
+        if value is None or not self.draft_source or self.max_draft_tokens < 1:
+            return []
+        draft = copy_draft(value[1], self.draft_source, value[0])
+        if draft is None:
+            return []
+        text, cut_short, _ = draft
+        ids = self.backend.encode(text) if text else []
+        if cut_short:
+            ids = ids[:-1]  # the lookahead may have cut its last token short
+        return ids[: self.max_draft_tokens]
+
+    def _drop(self, ahead: list) -> None:
+        """Take drafted tokens that were not kept back out of the cache."""
+        if ahead:
+            self._cache.crop(-len(ahead))
+            ahead.clear()
 
 
 def _string_end(text: str) -> int | None:

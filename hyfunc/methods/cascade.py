@@ -76,6 +76,8 @@ class CascadeOptions:
     large_values: bool = True
     large_choices: bool = True
     large_numbers: bool = True
+    # The large model's values drafted from the request: the same values, fewer of its passes.
+    value_drafts: bool = True
 
     @classmethod
     def without(cls, *stages: str) -> CascadeOptions:
@@ -361,7 +363,8 @@ class HyFuncMethod:
             writer = None
             kinds = self.options.large_value_kinds()
             if kinds and encoding.state is not None:
-                writer = LargeValueWriter(self.large, encoding.state, kinds=kinds)
+                writer = LargeValueWriter(self.large, encoding.state, kinds=kinds,
+                                          draft_source=request if self.options.value_drafts else "")
             # "No tool fits" is the retriever's decision: once it has selected tools, the small
             # model writes at least one call (left to choose, it refused far too often).
             out = self.decoder.decode(
@@ -372,7 +375,8 @@ class HyFuncMethod:
             if writer is not None:
                 timings["small_decode"] -= writer.seconds
                 timings["large_values"] = writer.seconds
-                answer.details["large_values"] = {"values": writer.values, "tokens": writer.tokens}
+                answer.details["large_values"] = {"values": writer.values, "tokens": writer.tokens,
+                                                  "passes": writer.passes, "drafted": writer.drafted}
             answer.calls, answer.raw_text = out.calls, out.text
             answer.output_tokens, answer.injected_tokens = out.generated_tokens, out.injected_tokens
             answer.details["small_forward_passes"] = out.forward_calls
