@@ -24,6 +24,8 @@ def backend():
 class Recording:
     """A ValueWriter that writes fixed values and records what it was asked."""
 
+    model_drafts = False
+
     def __init__(self, string=None, choice=None, number=None):
         self._string, self._choice, self._number = string, choice, number
         self.asked: list[tuple[str, str]] = []
@@ -224,21 +226,66 @@ class Knowing:
 def test_drafts_from_the_request_write_the_same_value_in_fewer_passes(backend, kind, request_text, script, value) -> None:
     text = '[{"name": "f", "arguments": {"a": ' + ('"' if kind == "string" else "")
     results = {}
-    for source in ("", request_text):
+    # no drafts; copy drafts from the request; the decoding model's value as the first draft (right, then wrong)
+    for source, model_value in (("", None), (request_text, None), ("", value), ("", "12" if kind == "number" else "San Fran")):
         knowing = Knowing(backend, script)
         prompt = knowing.forward(ids=backend.encode("the prompt"))
         head = text.rstrip(" ")  # a number is written with the space before it (`_split_gap`)
         knowing.start = prompt.cache.get_seq_length() + len(backend.encode(head))
-        writer = LargeValueWriter(knowing, prompt, kinds=(kind,), draft_source=source)
+        writer = LargeValueWriter(knowing, prompt, kinds=(kind,), draft_source=source, model_drafts=model_value is not None)
         knowing.passes = 0
-        written = writer.string(text) if kind == "string" else writer.number(text, integer=True)
-        results[source] = (written, writer._seen, writer._cache.get_seq_length(), knowing.passes, writer.drafted)
-    plain, drafted = results[""], results[request_text]
-    assert plain[0] == drafted[0] == value
-    assert plain[1:3] == drafted[1:3]  # the same text followed, no drafted token left in the cache
-    assert plain[4] == 0 and drafted[4] > 0
-    if "Francisco" in request_text or kind == "number":
-        assert drafted[3] < plain[3]  # a right draft saves passes
+        written = writer.string(text, model_value) if kind == "string" else writer.number(text, True, model_value)
+        results[source, model_value] = (written, writer._seen, writer._cache.get_seq_length(), knowing.passes, writer.drafted)
+    plain = results["", None]
+    assert plain[4] == 0
+    for (source, model_value), result in results.items():
+        assert result[:3] == plain[:3] == (value, text.rstrip(" ") + script.split('"')[0].split(",")[0], plain[2])
+        if model_value == value:
+            assert result[3] == 1  # one pass: the text before the value and the whole value
+        elif source and ("Francisco" in request_text or kind == "number"):
+            assert 0 < result[4] and result[3] < plain[3]  # a right copy draft saves passes
+
+
+class Checking:
+    """A ValueWriter with model drafts: agrees with the model's strings and numbers (returns the
+    draft) or writes its own, and records the drafts it was given."""
+
+    model_drafts = True
+
+    def __init__(self, agree: bool):
+        self.agree, self.drafts = agree, []
+
+    def string(self, text_so_far, draft=None):
+        self.drafts.append(("string", text_so_far, draft))
+        return json.loads('"' + draft + '"') if self.agree else "Boston, MA"
+
+    def choice(self, text_so_far, options):
+        return None
+
+    def number(self, text_so_far, integer, draft=None):
+        self.drafts.append(("number", text_so_far, draft))
+        return draft if self.agree else "7"
+
+
+@pytest.mark.parametrize("agree", [True, False])
+def test_the_models_value_is_the_writers_draft_and_stands_only_where_the_writer_agrees(backend, agree) -> None:
+    tools = parse_tools([{"name": "book", "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}, "seats": {"type": "integer"}}, "required": ["city", "seats"]}}])
+    plain = _decode(backend, None, tools)  # the model alone
+    pieces: list[str] = []
+    step = backend.forward(ids=backend.encode("weather please"))
+    decoder = TemplateDecoder(backend, max_calls=2, max_string_tokens=6, max_array_items=2)
+    writer = Checking(agree)
+    out = decoder.decode(step, tools, require_call=True, write_value=writer, on_text=pieces.append)
+    assert "".join(pieces) == out.text  # text taken back was never streamed
+    first = plain.calls[0].arguments
+    assert writer.drafts[0] == ("string", writer.drafts[0][1], json.dumps(first["city"], ensure_ascii=False)[1:-1])
+    assert writer.drafts[0][1].endswith('"city": "') and writer.drafts[1][1].endswith('"seats": ')
+    if agree:
+        assert writer.drafts[1][2] == str(first["seats"])
+        assert out.text == plain.text and out.rewinds == plain.rewinds
+    else:  # the number is written after the writer's city: the model's draft of it may differ from `plain`'s
+        assert all(c.arguments == {"city": "Boston, MA", "seats": 7} for c in out.calls)
 
 
 def test_cascade_writes_values_with_the_large_model_unless_switched_off() -> None:
@@ -255,3 +302,20 @@ def test_cascade_writes_values_with_the_large_model_unless_switched_off() -> Non
     plain = cascade.variant(off, "no-large-values").answer(messages, tools)
     assert "large_values" not in plain.timings
     assert CascadeOptions(large_choices=False).large_value_kinds() == ("string", "number")
+
+
+def test_value_drafts_change_the_passes_not_the_answers() -> None:
+    from hyfunc.methods.cascade import CascadeOptions
+    from tests.serve_app import tiny_cascade
+    from tests.test_serve_sdk import TOOLS as SERVE_TOOLS
+
+    cascade = tiny_cascade()
+    undrafted = cascade.variant(CascadeOptions.without("value_drafts"), "no-value-drafts")
+    tools = parse_tools(SERVE_TOOLS)
+    for request in ("What is the weather like in Paris today?", "Book a table for two at 7 pm in Paris."):
+        messages = [{"role": "user", "content": request}]
+        pieces: list[str] = []
+        drafted, plain = cascade.answer(messages, tools, on_text=pieces.append), undrafted.answer(messages, tools)
+        assert (drafted.calls, drafted.raw_text) == (plain.calls, plain.raw_text) and "".join(pieces) == drafted.raw_text
+        if plain.details.get("large_values", {}).get("passes"):
+            assert drafted.details["large_values"]["drafted"] > 0 and plain.details["large_values"]["drafted"] == 0

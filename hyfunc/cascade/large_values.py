@@ -14,11 +14,13 @@ The small model keeps every structural choice (which tools, how many calls, whic
 how many array items) and every value the writer declines. Which kinds the large model writes is
 the writer's `kinds`; the cascade's options set it.
 
-Values mostly copy the request: as the templating decoder does for the small model
-(templating/drafting.py), the text that follows the value so far in the request is run as a draft
-in the same pass as the token just chosen, and each drafted token is kept only while it is the
-large model's own greedy choice. The values are the same as without drafts (up to float rounding
-of the batched pass); a value copied from the request costs two or three passes, not one per token.
+Drafts make a value cost one or two passes of the large model instead of one per token, and
+leave it as it is (up to float rounding of the batched pass): drafted tokens run through the
+model in one pass and each is kept only while it is the large model's own greedy choice. The
+first draft is the small model's own value (`model_drafts`: the decoder lets it write the value
+first, unpublished, and keeps its text where the large model writes the same); then, as the
+templating decoder does for the small model (templating/drafting.py), the request's text after
+the value so far.
 
 One writer per request. It follows the answer text incrementally: only text it has not seen is
 run through the large model (a repeat-guard rewind that took text back makes it fork the
@@ -52,15 +54,18 @@ class LargeValueWriter:
     def __init__(
         self, backend: BackendBase, prompt_state: StepOutput, max_tokens: int = 48,
         kinds: Sequence[str] = ("string",), draft_source: str = "", max_draft_tokens: int = 24,
+        model_drafts: bool = False,
     ):
-        """`draft_source`: the text values are likely copied from (the request); drafts are off
-        when it is empty or `max_draft_tokens` is 0."""
+        """`draft_source`: the text values are likely copied from (the request; no copy drafts when
+        empty or `max_draft_tokens` is 0). `model_drafts`: the decoder passes the decoding model's
+        own value as the first draft (templating/walker.py)."""
         unknown = set(kinds) - set(KINDS)
         if unknown:
             raise ValueError(f"unknown value kinds {sorted(unknown)}; known: {list(KINDS)}")
         self.backend, self.prompt_state, self.max_tokens = backend, prompt_state, max_tokens
         self.kinds = frozenset(kinds)
         self.draft_source, self.max_draft_tokens = draft_source, max_draft_tokens
+        self.model_drafts = model_drafts
         self._cache: Any = None
         self._seen = ""  # answer text the cache holds, after the prompt
         self._logits = None  # the next-token logits after `_seen`
@@ -70,14 +75,24 @@ class LargeValueWriter:
         self.passes = 0  # forward passes of the large model
         self.drafted = 0  # drafted tokens run through it, kept or not
 
-    def _follow(self, text: str) -> None:
+    def _follow(self, text: str, draft: Sequence[int] = ()) -> list[tuple[int, torch.Tensor]]:
+        """Bring the cache to `text`, running `draft` after it in the same pass; returns the drafted
+        tokens, each with the logits after it (they stay in the cache after `text`)."""
         if self._cache is None or not text.startswith(self._seen):
-            self._cache, self._seen = self.backend.fork(self.prompt_state.cache), ""
+            self._cache, self._seen, self._logits = self.backend.fork(self.prompt_state.cache), "", self.prompt_state.logits
         new = text[len(self._seen):]
-        if new:
-            step = self.backend.forward(ids=self.backend.encode(new), cache=self._cache)
-            self._cache, self._logits, self._seen = step.cache, step.logits, text
-            self.passes += 1
+        ids, draft = (self.backend.encode(new) if new else []), list(draft)
+        if not ids and not draft:
+            return []
+        keep = len(draft) + 1 if ids else len(draft)
+        step = self.backend.forward(ids=ids + draft, cache=self._cache, logits_to_keep=keep)
+        rows = step.tail_logits if keep > 1 else step.logits[None]
+        if not ids:  # the logits before the draft's first token are the current ones
+            rows = torch.cat([self._logits[None], rows])
+        self._cache, self._logits, self._seen = step.cache, rows[0], text
+        self.passes += 1
+        self.drafted += len(draft)
+        return list(zip(draft, rows[1:]))
 
     def _timed(self, write: Callable[[], Any]) -> Any:
         start = time.perf_counter()
@@ -86,14 +101,17 @@ class LargeValueWriter:
         finally:
             self.seconds += time.perf_counter() - start
 
-    def string(self, text_so_far: str) -> str | None:
-        """A free string's content; `text_so_far` ends with its opening quote."""
+    def string(self, text_so_far: str, draft: str | None = None) -> str | None:
+        """A free string's content; `text_so_far` ends with its opening quote. `draft`: the
+        content as the decoding model wrote it (JSON-escaped), to check first."""
         if "string" not in self.kinds:
             return None
-        return self._timed(lambda: self._generate(text_so_far, _string_end, _string_value, lambda text: ("string", text)))
+        return self._timed(lambda: self._generate(
+            text_so_far, _string_end, _string_value, lambda text: ("string", text), draft or ""))
 
-    def number(self, text_so_far: str, integer: bool) -> str | None:
-        """A number's JSON text, when it is one (an integer for `integer`)."""
+    def number(self, text_so_far: str, integer: bool, draft: str | None = None) -> str | None:
+        """A number's JSON text, when it is one (an integer for `integer`). `draft`: the number as
+        the decoding model wrote it, to check first."""
         if "number" not in self.kinds:
             return None
         head, gap = _split_gap(text_so_far)
@@ -104,7 +122,8 @@ class LargeValueWriter:
         def so_far(text: str) -> tuple[str, str] | None:
             return ("number", text[len(gap):]) if text.startswith(gap) else None
 
-        return self._timed(lambda: self._generate(head, lambda text: _number_end(text, gap), value_of, so_far))
+        return self._timed(lambda: self._generate(
+            head, lambda text: _number_end(text, gap), value_of, so_far, gap + draft if draft else ""))
 
     def choice(self, text_so_far: str, options: Sequence[str]) -> int | None:
         """The index of the option (JSON texts: enum members) whose tokens the large model finds
@@ -130,15 +149,17 @@ class LargeValueWriter:
 
     def _generate(
         self, text_so_far: str, end_of: Callable[[str], int | None], value_of: Callable[[str], Any],
-        so_far: Callable[[str], tuple[str, str] | None],
+        so_far: Callable[[str], tuple[str, str] | None], first_draft: str = "",
     ) -> Any:
         """Greedy tokens after `text_so_far` until `end_of(text)` finds where the value's text
         ends; `value_of(text)` then reads the value (None: not a usable one). `so_far(text)`:
-        (kind, the value's text) to look up drafts with, None for none."""
-        self._follow(text_so_far)
-        before, logits_before = self._cache.get_seq_length(), self._logits
+        (kind, the value's text) to look up copy drafts with, None for none. `first_draft`: text
+        run as a draft in the pass that brings the cache to `text_so_far`."""
+        draft = self.backend.encode(first_draft)[: self.max_tokens] if first_draft else []
+        # drafted tokens in the cache after `ids`, with the logits after each
+        ahead = self._follow(text_so_far, draft)
+        before, logits_before = self._cache.get_seq_length() - len(ahead), self._logits
         ids: list[int] = []  # generated tokens whose text is in the cache
-        ahead: list[tuple[int, torch.Tensor]] = []  # drafted tokens in the cache after `ids`, with the logits after each
         try:
             for _ in range(self.max_tokens):
                 tid = int(self._logits.argmax())

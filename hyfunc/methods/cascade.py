@@ -76,7 +76,8 @@ class CascadeOptions:
     large_values: bool = True
     large_choices: bool = True
     large_numbers: bool = True
-    # The large model's values drafted from the request: the same values, fewer of its passes.
+    # The large model's values drafted from the small model's and from the request: the same
+    # values, fewer passes of the large model (large_values.py).
     value_drafts: bool = True
 
     @classmethod
@@ -363,8 +364,9 @@ class HyFuncMethod:
             writer = None
             kinds = self.options.large_value_kinds()
             if kinds and encoding.state is not None:
+                drafts = self.options.value_drafts
                 writer = LargeValueWriter(self.large, encoding.state, kinds=kinds,
-                                          draft_source=request if self.options.value_drafts else "")
+                                          draft_source=request if drafts else "", model_drafts=drafts)
             # "No tool fits" is the retriever's decision: once it has selected tools, the small
             # model writes at least one call (left to choose, it refused far too often).
             out = self.decoder.decode(

@@ -60,15 +60,19 @@ class GaveUp(Exception):
 
 class ValueWriter(Protocol):
     """Writes scalar argument values instead of the decoding model (the cascade's large model:
-    large_values.py). Each method gets the answer text so far and returns None to decline."""
+    large_values.py). Each method gets the answer text so far and returns None to decline.
+    With `model_drafts`, strings and numbers also get `draft`: the value as the decoding model
+    wrote it (unpublished, taken back where the writer's value differs; Walker.written_value)."""
 
-    def string(self, text_so_far: str) -> str | None:
+    model_drafts: bool
+
+    def string(self, text_so_far: str, draft: str | None = None) -> str | None:
         """A free string's content; `text_so_far` ends with its opening quote."""
 
     def choice(self, text_so_far: str, options: Sequence[str]) -> int | None:
         """Which enum member (options: their JSON texts) follows `text_so_far`."""
 
-    def number(self, text_so_far: str, integer: bool) -> str | None:
+    def number(self, text_so_far: str, integer: bool, draft: str | None = None) -> str | None:
         """A number's JSON text to follow `text_so_far`."""
 
 
@@ -112,6 +116,7 @@ class Session:
         self.holds: list[Hold] = []  # live holds, outermost (earliest) first
         self.published = 0  # text_parts already passed to on_text
         self.rewinds = 0  # repeats taken back by the guard
+        self.unpublished = 0  # > 0: text is kept back from on_text (a value drafted for the writer)
         self.min_probability = 1.0  # lowest probability of a generated token among its allowed set
 
     # -- emission --------------------------------------------------------------------------
@@ -176,8 +181,18 @@ class Session:
             end = hold.chars
         return self.holds[0].parts if self.holds else len(self.text_parts)
 
+    @contextmanager
+    def keep_back(self) -> Iterator[None]:
+        """Text emitted inside is not streamed until the block ends (it may be taken back)."""
+        self.unpublished += 1
+        try:
+            yield
+        finally:
+            self.unpublished -= 1
+            self._publish()
+
     def _publish(self) -> None:
-        if self.on_text is None:
+        if self.on_text is None or self.unpublished:
             return
         final = self._final_parts()
         if final > self.published:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
@@ -286,13 +286,20 @@ class Walker:
     def string(self, gold: Any, follow: Follow = DECISION, value: bool = False) -> None:
         """`value`: an argument's value (not an object key), which the session's `write_value`
         (the large model) may write instead of the model."""
-        s, v = self.s, self.v
+        s = self.s
         s.inject('"')
         if value and s.write_value is not None:
-            written = s.write_value.string(s.text)
-            if written is not None:
-                s.inject(dumps(written)[1:])  # the content and the closing quote
+            head = s.text
+            if self.written_value(  # the content and the closing quote
+                lambda draft: s.write_value.string(head, *([draft.removesuffix('"')] if draft is not None else [])),
+                lambda: self.string_content(gold, follow), lambda written: dumps(written)[1:],
+            ):
                 return
+        self.string_content(gold, follow)
+
+    def string_content(self, gold: Any, follow: Follow = DECISION) -> None:
+        """A string's content and its closing quote, written by the model."""
+        s, v = self.s, self.v
         target = dumps(gold)[1:] if self.teacher else None  # content + closing quote
         n, state = 0, 0
         with s.drafting("string", follow):
@@ -311,13 +318,44 @@ class Walker:
                 s.value_so_far += piece
                 state = 1 if v.str_open[state][tid] else 0
 
+    def written_value(
+        self, write: Callable[[str | None], str | None], model_writes: Callable[[], None], spelled: Callable[[str], str]
+    ) -> bool:
+        """Whether the session's `write_value` wrote this value (else the model writes it). `write(draft)`
+        asks it (`draft` None: without one), `model_writes()` has the model write the value,
+        `spelled(written)` is the text the writer's value is emitted as. With the writer's
+        `model_drafts`, the model writes the value first, kept back from streaming, and its text is
+        the writer's draft: the writer's value is the same, found in fewer passes. Where the model's
+        text spells it, that text stands; where not, it is taken back and the writer's injected."""
+        s = self.s
+        if not s.write_value.model_drafts:
+            written = write(None)
+            if written is not None:
+                s.inject(spelled(written))
+            return written is not None
+        mark, start, lowest = s.mark(), len(s.text), s.min_probability
+        with s.keep_back():
+            model_writes()
+            drafted = s.text[start:]
+            written = write(drafted)
+            if written is None:
+                return True  # declined: the model's value stands, as the model would have written it anyway
+            s.min_probability = lowest  # the writer's value: not the model's confidence
+            if spelled(written) != drafted:
+                s.rewind(mark)
+                s.rewinds -= 1  # not a repeat taken back
+                s.inject(spelled(written))
+        return True
+
     def number(self, integer: bool, gold: Any, where: str, follow: Follow = DECISION, value: bool = False) -> None:
         """`value`: a typed argument's value, which the session's `write_value` may write."""
         s, v = self.s, self.v
         if value and s.write_value is not None:
-            written = s.write_value.number(s.text, integer)
-            if written is not None:
-                s.inject(written)
+            head = s.text
+            if self.written_value(
+                lambda draft: s.write_value.number(head, integer, *([draft] if draft is not None else [])),
+                lambda: self.number(integer, gold, where, follow), lambda written: written,
+            ):
                 return
         target = None
         if self.teacher:
