@@ -162,11 +162,13 @@ def test_number_values_must_be_json_numbers_of_the_type(text: str, integer: bool
     assert _number_value(text, integer) == value
 
 
-def test_choice_is_the_likeliest_member_and_leaves_the_state_as_it_was(backend) -> None:
+@pytest.mark.parametrize("prune", [False, True])
+@pytest.mark.parametrize("options", [['"celsius"', '"fahrenheit"', '"kelvin"'], ["1", "10", "2", "-5"],
+                                     ['"a"', '"ab"', '"abc"', '"b"', "true", "null"]])
+def test_choice_is_the_likeliest_member_and_leaves_the_state_as_it_was(backend, prune, options) -> None:
     prompt = backend.forward(ids=backend.encode("the prompt"))
-    writer = LargeValueWriter(backend, prompt, kinds=("choice",))
+    writer = LargeValueWriter(backend, prompt, kinds=("choice",), prune_choices=prune)
     text = '[{"name": "f", "arguments": {"unit": '
-    options = ['"celsius"', '"fahrenheit"', '"kelvin"']
     chosen = writer.choice(text, options)
     length = writer._cache.get_seq_length()
 
@@ -178,8 +180,10 @@ def test_choice_is_the_likeliest_member_and_leaves_the_state_as_it_was(backend) 
         return float(sum(logp[len(ids) - len(tail) + i, tid] for i, tid in enumerate(tail)))
 
     scores = [score(o) for o in options]
-    assert chosen == max(range(3), key=scores.__getitem__)
+    assert chosen == max(range(len(options)), key=scores.__getitem__)
+    passes = writer.passes
     assert writer.choice(text, options) == chosen and writer._cache.get_seq_length() == length  # scored, then cropped
+    assert writer.passes - passes <= (len(options) + 1 if prune else len(options))  # the text was followed already
     assert writer.choice(text, ['"only"']) is None  # nothing to choose
 
 
