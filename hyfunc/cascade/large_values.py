@@ -31,7 +31,6 @@ several UTF-8 bytes may span tokens (one by one, "广东" came out as "��东
 from __future__ import annotations
 
 import json
-import math
 import re
 import time
 from typing import Any, Callable, Sequence
@@ -55,19 +54,18 @@ class LargeValueWriter:
     def __init__(
         self, backend: BackendBase, prompt_state: StepOutput, max_tokens: int = 48,
         kinds: Sequence[str] = ("string",), draft_source: str = "", max_draft_tokens: int = 24,
-        model_drafts: bool = False, prune_choices: bool = False,
+        model_drafts: bool = False,
     ):
         """`draft_source`: the text values are likely copied from (the request; no copy drafts when
         empty or `max_draft_tokens` is 0). `model_drafts`: the decoder passes the decoding model's
-        own value as the first draft (templating/walker.py). `prune_choices`: enum members are scored
-        best bound first and the rest skipped once none can win (`_choose`)."""
+        own value as the first draft (templating/walker.py)."""
         unknown = set(kinds) - set(KINDS)
         if unknown:
             raise ValueError(f"unknown value kinds {sorted(unknown)}; known: {list(KINDS)}")
         self.backend, self.prompt_state, self.max_tokens = backend, prompt_state, max_tokens
         self.kinds = frozenset(kinds)
         self.draft_source, self.max_draft_tokens = draft_source, max_draft_tokens
-        self.model_drafts, self.prune_choices = model_drafts, prune_choices
+        self.model_drafts = model_drafts
         self._cache: Any = None
         self._seen = ""  # answer text the cache holds, after the prompt
         self._logits = None  # the next-token logits after `_seen`
@@ -136,47 +134,18 @@ class LargeValueWriter:
 
     def _choose(self, text_so_far: str, options: Sequence[str]) -> int:
         head, gap = _split_gap(text_so_far)
-        spelled = [self.backend.encode(gap + option) for option in options]
+        self._follow(head)
+        scores = []
+        for option in options:
+            ids = self.backend.encode(gap + option)
+            step = self.backend.forward(ids=ids, cache=self._cache, logits_to_keep=len(ids))
+            self._cache.crop(-len(ids))
+            self.passes += 1  # scored, then forgotten: the template writes the chosen one
+            rows = self._logits[None] if len(ids) == 1 else torch.cat([self._logits[None], step.tail_logits[:-1]])
+            scores.append(float(torch.log_softmax(rows.float(), -1)[range(len(ids)), ids].sum()))
+            self.tokens += len(ids)
         self.values += 1
-        if not self.prune_choices:
-            self._follow(head)
-            scores = [self._score(ids, self._logits) for ids in spelled]
-            return max(range(len(options)), key=scores.__getitem__)
-        # The tokens all options start with run in the pass that follows the text. An option's
-        # log-probability is at most that of its tokens so far, so options are scored best bound
-        # first and the rest skipped once none can beat the best: the choice of scoring them all.
-        shared = 0
-        while shared < min(map(len, spelled)) - 1 and len({ids[shared] for ids in spelled}) == 1:
-            shared += 1
-        ahead = self._follow(head, spelled[0][:shared])
-        rows = torch.log_softmax(torch.stack([self._logits] + [row for _, row in ahead]).float(), -1)
-        prefix = float(sum(rows[i, tid] for i, tid in enumerate(spelled[0][:shared])))
-        bounds = [prefix + float(rows[shared, ids[shared]]) for ids in spelled]
-        self.tokens += shared
-        best, best_score = 0, -math.inf
-        for i in sorted(range(len(options)), key=lambda i: (-bounds[i], i)):
-            if bounds[i] < best_score:
-                break
-            rest = spelled[i][shared + 1:]
-            score = bounds[i] + (self._score(rest, before=spelled[i][shared]) if rest else 0.0)
-            self.tokens += 0 if rest else 1
-            if score > best_score or (score == best_score and i < best):
-                best, best_score = i, score
-        self._drop(ahead)
-        return best
-
-    def _score(self, ids: Sequence[int], logits: torch.Tensor | None = None, before: int | None = None) -> float:
-        """Sum of the log-probabilities of `ids` after the cache (whose next-token logits are
-        `logits`), or, with `before`, of `ids` after that token (then run with them, not scored);
-        scored, then forgotten: the template writes the chosen option."""
-        run = ([before] if before is not None else []) + list(ids)
-        step = self.backend.forward(ids=run, cache=self._cache, logits_to_keep=len(run))
-        self._cache.crop(-len(run))
-        self.passes += 1
-        self.tokens += len(ids)
-        tail = step.tail_logits if len(run) > 1 else step.logits[None]
-        rows = tail[:-1] if before is not None else torch.cat([logits[None], tail[:-1]])
-        return float(torch.log_softmax(rows.float(), -1)[range(len(ids)), list(ids)].sum())
+        return max(range(len(options)), key=scores.__getitem__)
 
     def _generate(
         self, text_so_far: str, end_of: Callable[[str], int | None], value_of: Callable[[str], Any],

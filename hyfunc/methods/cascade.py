@@ -76,8 +76,8 @@ class CascadeOptions:
     large_values: bool = True
     large_choices: bool = True
     large_numbers: bool = True
-    # The large model's values drafted from the small model's and from the request, its enum
-    # choices scored best bound first: the same values, fewer of its passes (large_values.py).
+    # The large model's values drafted from the small model's and from the request: the same
+    # values, fewer passes of the large model (large_values.py).
     value_drafts: bool = True
 
     @classmethod
@@ -366,8 +366,7 @@ class HyFuncMethod:
             if kinds and encoding.state is not None:
                 drafts = self.options.value_drafts
                 writer = LargeValueWriter(self.large, encoding.state, kinds=kinds,
-                                          draft_source=request if drafts else "", model_drafts=drafts,
-                                          prune_choices=drafts)
+                                          draft_source=request if drafts else "", model_drafts=drafts)
             # "No tool fits" is the retriever's decision: once it has selected tools, the small
             # model writes at least one call (left to choose, it refused far too often).
             out = self.decoder.decode(
