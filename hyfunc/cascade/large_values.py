@@ -139,8 +139,8 @@ class LargeValueWriter:
         for option in options:
             ids = self.backend.encode(gap + option)
             step = self.backend.forward(ids=ids, cache=self._cache, logits_to_keep=len(ids))
-            self._cache.crop(-len(ids))
-            self.passes += 1  # scored, then forgotten: the template writes the chosen one
+            self._cache.crop(-len(ids))  # scored, then forgotten: the template writes the chosen one
+            self.passes += 1
             rows = self._logits[None] if len(ids) == 1 else torch.cat([self._logits[None], step.tail_logits[:-1]])
             scores.append(float(torch.log_softmax(rows.float(), -1)[range(len(ids)), ids].sum()))
             self.tokens += len(ids)
