@@ -30,7 +30,7 @@ class Recording:
         self._string, self._choice, self._number = string, choice, number
         self.asked: list[tuple[str, str]] = []
 
-    def string(self, text_so_far):
+    def string(self, text_so_far, draft=None):
         self.asked.append(("string", text_so_far))
         return self._string
 
@@ -38,7 +38,7 @@ class Recording:
         self.asked.append(("choice", text_so_far))
         return options.index(self._choice) if self._choice in options else None
 
-    def number(self, text_so_far, integer):
+    def number(self, text_so_far, integer, draft=None):
         self.asked.append(("number", text_so_far))
         return None if self._number is None else self._number(integer)
 

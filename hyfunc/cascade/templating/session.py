@@ -7,11 +7,13 @@ rewind put in the cache. In teacher mode (training targets) no model runs: decis
 gold text.
 
 Streaming (`on_text`): the emitted text is passed on piece by piece as soon as it is *final*, i.e.
-can no longer be taken back. Only the repeat guard takes text back (it rewinds to a `mark` made
-before a list separator, see `Walker._closed_on_repeat`), and only when the list item after that
-mark turns out to equal an earlier item word for word. So each such mark is registered as a
-`Hold`; text from a live hold on is kept back, and a hold dies as soon as its item's text (up to
-the next inner hold) is a prefix of no earlier item, or when its item is checked. The cost in
+can no longer be taken back. A value the model drafts for the value writer is kept back until the
+writer has checked it (`keep_back`; `Walker.written_value`). Otherwise only the repeat guard takes
+text back (it rewinds to a `mark` made before a list separator, see `Walker._closed_on_repeat`),
+and only when the list item after that mark turns out to equal an earlier item word for word. So
+each such mark is registered as a `Hold`; text from a live hold on is kept back, and a hold dies as
+soon as its item's text (up to the next inner hold) is a prefix of no earlier item, or when its
+item is checked. The cost in
 latency: the separator and the start of a second or later call (or array item) wait until they
 differ from every earlier one (for calls, usually at the name or the first value), and a call or
 item that repeats an earlier one word for word waits until it is closed.
@@ -140,13 +142,14 @@ class Session:
             self.cache.get_seq_length() - len(self.ahead), self.decision_pending,
         )
 
-    def rewind(self, mark: tuple) -> None:
-        """Take back everything emitted since `mark`, from the output and from the KV cache."""
+    def rewind(self, mark: tuple, repeat: bool = True) -> None:
+        """Take back everything emitted since `mark`, from the output and from the KV cache;
+        `repeat`: the repeat guard's (counted in `rewinds`), not a value the writer replaced."""
         n_ids, n_parts, self.pending_text, feed, self.logits, cached, self.decision_pending = mark
         if n_parts < self.published:  # a broken invariant (a bug, not a model failure): a client has this text
             raise AssertionError("templating: a rewind would take back text already streamed")
         self.holds = [h for h in self.holds if h.parts < n_parts]
-        self.rewinds += 1
+        self.rewinds += repeat
         self._drop_ahead()
         del self.ids[n_ids:], self.generated[n_ids:], self.decision[n_ids:], self.text_parts[n_parts:]
         self.feed = list(feed)

@@ -291,7 +291,7 @@ class Walker:
         if value and s.write_value is not None:
             head = s.text
             if self.written_value(  # the content and the closing quote
-                lambda draft: s.write_value.string(head, *([draft.removesuffix('"')] if draft is not None else [])),
+                lambda draft: s.write_value.string(head, draft.removesuffix('"') if draft is not None else None),
                 lambda: self.string_content(gold, follow), lambda written: dumps(written)[1:],
             ):
                 return
@@ -342,8 +342,7 @@ class Walker:
                 return True  # declined: the model's value stands, as the model would have written it anyway
             s.min_probability = lowest  # the writer's value: not the model's confidence
             if spelled(written) != drafted:
-                s.rewind(mark)
-                s.rewinds -= 1  # not a repeat taken back
+                s.rewind(mark, repeat=False)
                 s.inject(spelled(written))
         return True
 
@@ -353,7 +352,7 @@ class Walker:
         if value and s.write_value is not None:
             head = s.text
             if self.written_value(
-                lambda draft: s.write_value.number(head, integer, *([draft] if draft is not None else [])),
+                lambda draft: s.write_value.number(head, integer, draft),
                 lambda: self.number(integer, gold, where, follow), lambda written: written,
             ):
                 return
