@@ -37,7 +37,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from hyfunc.cascade.templating.drafting import copy_draft
+from hyfunc.cascade.templating.drafting import copy_draft_ids
 from hyfunc.models.base import BackendBase, StepOutput
 
 KINDS = ("string", "choice", "number")
@@ -76,12 +76,18 @@ class LargeValueWriter:
         self.drafted = 0  # drafted tokens run through it, kept or not
 
     def _follow(self, text: str, draft: Sequence[int] = ()) -> list[tuple[int, torch.Tensor]]:
-        """Bring the cache to `text`, running `draft` after it in the same pass; returns the drafted
-        tokens, each with the logits after it (they stay in the cache after `text`)."""
+        """Bring the cache to `text`, running `draft` after it in the same pass (see `_run`)."""
         if self._cache is None or not text.startswith(self._seen):
             self._cache, self._seen, self._logits = self.backend.fork(self.prompt_state.cache), "", self.prompt_state.logits
         new = text[len(self._seen):]
-        ids, draft = (self.backend.encode(new) if new else []), list(draft)
+        ahead = self._run(self.backend.encode(new) if new else [], draft)
+        self._seen = text
+        return ahead
+
+    def _run(self, ids: Sequence[int], draft: Sequence[int]) -> list[tuple[int, torch.Tensor]]:
+        """Run `ids` then `draft` in one pass; `_logits` become those after `ids`. Returns the
+        drafted tokens, each with the logits after it (they stay in the cache after `ids`)."""
+        ids, draft = list(ids), list(draft)
         if not ids and not draft:
             return []
         keep = len(draft) + 1 if ids else len(draft)
@@ -89,7 +95,7 @@ class LargeValueWriter:
         rows = step.tail_logits if keep > 1 else step.logits[None]
         if not ids:  # the logits before the draft's first token are the current ones
             rows = torch.cat([self._logits[None], rows])
-        self._cache, self._logits, self._seen = step.cache, rows[0], text
+        self._cache, self._logits = step.cache, rows[0]
         self.passes += 1
         self.drafted += len(draft)
         return list(zip(draft, rows[1:]))
@@ -181,13 +187,7 @@ class LargeValueWriter:
                     self._logits = ahead.pop(0)[1]
                     continue
                 self._drop(ahead)
-                draft = self._draft(so_far(text))
-                step = self.backend.forward(ids=[tid] + draft, cache=self._cache, logits_to_keep=len(draft) + 1)
-                rows = step.tail_logits if draft else step.logits[None]
-                self._cache, self._logits = step.cache, rows[0]
-                ahead = list(zip(draft, rows[1:]))
-                self.passes += 1
-                self.drafted += len(draft)
+                ahead = self._run([tid], self._draft(so_far(text)))
             grown = self._cache.get_seq_length() - before
             if grown:
                 self._cache.crop(-grown)  # no value within the cap: forget the attempt
@@ -201,14 +201,8 @@ class LargeValueWriter:
         """Tokens likely to continue `value` (kind, text so far): the request's text after it."""
         if value is None or not self.draft_source or self.max_draft_tokens < 1:
             return []
-        draft = copy_draft(value[1], self.draft_source, value[0])
-        if draft is None:
-            return []
-        text, cut_short, _ = draft
-        ids = self.backend.encode(text) if text else []
-        if cut_short:
-            ids = ids[:-1]  # the lookahead may have cut its last token short
-        return ids[: self.max_draft_tokens]
+        draft = copy_draft_ids(self.backend.encode, value[1], self.draft_source, value[0])
+        return draft[0][: self.max_draft_tokens] if draft is not None else []
 
     def _drop(self, ahead: list) -> None:
         """Take drafted tokens that were not kept back out of the cache."""

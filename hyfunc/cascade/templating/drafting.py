@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 from hyfunc.cascade.templating.vocab import NUM_CHARS
 from hyfunc.formats.schema import Tool
@@ -107,3 +107,14 @@ def copy_draft(text: str, source: str, kind: str) -> tuple[str, bool, bool] | No
         cut = next(stops, len(rest) if source_ends else None)
         ends = cut is not None and (cut == len(rest) or value_end(rest, cut, clauses))
     return rest[:cut], cut is None, ends
+
+
+def copy_draft_ids(encode: Callable[[str], list[int]], text: str, source: str, kind: str) -> tuple[list[int], bool] | None:
+    """`copy_draft` as token ids: (ids, the source ends the value right after them). A draft cut
+    short at the lookahead's end loses its last token, which may be partial. None: nothing to copy."""
+    draft = copy_draft(text, source, kind)
+    if draft is None:
+        return None
+    piece, cut_short, ends = draft
+    ids = encode(piece) if piece else []
+    return (ids[:-1], False) if cut_short else (ids, ends)

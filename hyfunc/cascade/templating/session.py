@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, Sequence
 
 import torch
 
-from hyfunc.cascade.templating.drafting import DECISION, Follow, copy_draft
+from hyfunc.cascade.templating.drafting import DECISION, Follow, copy_draft_ids
 from hyfunc.cascade.templating.vocab import Vocab
 from hyfunc.models.backend import StepOutput
 
@@ -232,14 +232,11 @@ class Session:
             return self.choice_draft[: self.dec.max_draft_tokens]
         if self.draft_kind is None or self.dec.max_draft_tokens < 1:
             return []
-        draft = copy_draft(self.value_so_far, self.draft_source, self.draft_kind)
+        draft = copy_draft_ids(self.backend.encode, self.value_so_far, self.draft_source, self.draft_kind)
         if draft is None:
             return []
-        text, cut_short, ends = draft
-        ids = self.backend.encode(text)
-        if cut_short:
-            ids = ids[:-1]  # the last token may be cut short
-        elif ends and (self.draft_kind == "number" or self.vocab.quote_id is not None):
+        ids, ends = draft
+        if ends and (self.draft_kind == "number" or self.vocab.quote_id is not None):
             ids += [self.vocab.quote_id] if self.draft_kind == "string" else []
             ids += self.follow_ids(self.draft_follow)
         return ids[: self.dec.max_draft_tokens]
