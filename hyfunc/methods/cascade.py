@@ -79,6 +79,9 @@ class CascadeOptions:
     # The large model's values drafted from the small model's and from the request: the same
     # values, fewer passes of the large model (large_values.py).
     value_drafts: bool = True
+    # Another call where the request lists an alternative to a value the calls use ("copper and
+    # aluminum") and no call uses it (templating/alternatives.py).
+    alternatives: bool = True
 
     @classmethod
     def without(cls, *stages: str) -> CascadeOptions:
@@ -371,7 +374,7 @@ class HyFuncMethod:
             # model writes at least one call (left to choose, it refused far too often).
             out = self.decoder.decode(
                 step, selected, require_call=self.options.retriever, draft_source=request, on_text=on_text,
-                write_value=writer,
+                write_value=writer, alternatives=self.options.alternatives,
             )
             timings["small_decode"] = time.perf_counter() - start
             if writer is not None:

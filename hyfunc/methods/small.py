@@ -82,8 +82,10 @@ class SmallMethod:
         step, reused = self._prefix.run(prompt.before_ids)
         timings["small_prefill"] = time.perf_counter() - start
         start = time.perf_counter()
-        # Tools were selected: the model writes at least one call (as the cascade's small model does).
-        out = self.decoder.decode(step, selected, require_call=True, draft_source=request, give_up_below=give_up_below)
+        # Tools were selected: the model writes at least one call, and one for each alternative the
+        # request lists for a value (as the cascade's small model does).
+        out = self.decoder.decode(step, selected, require_call=True, draft_source=request, give_up_below=give_up_below,
+                                  alternatives=True)
         timings["small_decode"] = time.perf_counter() - start
         answer.calls, answer.raw_text = out.calls, out.text
         answer.input_tokens, answer.cached_tokens = len(prompt), reused

@@ -14,7 +14,8 @@ restricted to what is allowed at that point) chooses:
 - whether to call anything (``[]`` is an option unless the caller requires a call), which offered tool (a trie over the
   JSON-encoded names), how many calls (after each call ``, `` for another or ``]``; capped; a call repeated word for
   word is a greedy loop: it is taken back and the list closed, unless ``stop_on_repeat=False``; the same for an
-  array item (string, object or array) that repeats an earlier one);
+  array item (string, object or array) that repeats an earlier one; with ``alternatives``, another call is written
+  while the request lists an alternative to a value the calls use that none of them uses: alternatives.py);
 - which optional parameters to fill (after the required keys are injected, a choice among the
   remaining optional keys, in schema order, or ``}``);
 - the values, under type constraints: string (free tokens that are valid JSON string content,

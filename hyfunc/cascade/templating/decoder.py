@@ -73,7 +73,7 @@ class TemplateDecoder:
     def decode(
         self, step: StepOutput, tools: Sequence[Tool], require_call: bool = False, draft_source: str = "",
         on_text: Callable[[str], None] | None = None, give_up_below: float = 0.0,
-        write_value: ValueWriter | None = None,
+        write_value: ValueWriter | None = None, alternatives: bool = False,
     ) -> TemplatedOutput:
         """`require_call`: at least one call when `tools` is not empty (the caller has already
         decided that a tool fits, e.g. the retriever); otherwise ``[]`` is the model's choice.
@@ -85,14 +85,16 @@ class TemplateDecoder:
         `give_up_below`: stop, with no calls and `gave_up`, as soon as a generated token's
         probability falls below it (`session.GaveUp`).
         `write_value`: another model that may write scalar argument values (see `ValueWriter`);
-        what it writes is injected here, what it declines this model writes."""
+        what it writes is injected here, what it declines this model writes.
+        `alternatives`: write another call where the request lists an alternative to a value the
+        calls so far use and none of them uses it (alternatives.py)."""
         start = time.perf_counter()
         vocab = self.vocab(int(step.logits.shape[-1]))
         session = Session(self, vocab, step, teacher=False, draft_source=draft_source, on_text=on_text,
                           give_up_below=give_up_below, write_value=write_value)
         gave_up = False
         try:
-            Walker(self, session, require_call).calls(list(tools), None)
+            Walker(self, session, require_call, alternatives).calls(list(tools), None)
             session.finish()
             text = session.text
             calls = [Call(d["name"], d["arguments"]) for d in json.loads(text)]

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
+from hyfunc.cascade.templating.alternatives import uncovered_in_text
 from hyfunc.cascade.templating.drafting import DECISION, Follow, mention_order
 from hyfunc.cascade.templating.session import Session, TemplateError
 from hyfunc.cascade.templating.vocab import NUMBER_ACCEPT
@@ -33,10 +34,11 @@ def dumps(value: Any) -> str:
 class Walker:
     """Walks the template; `gold` arguments are only used (and required) in teacher mode."""
 
-    def __init__(self, dec: TemplateDecoder, s: Session, require_call: bool = False):
+    def __init__(self, dec: TemplateDecoder, s: Session, require_call: bool = False, alternatives: bool = False):
         self.dec = dec
         self.s = s
         self.require_call = require_call
+        self.alternatives = alternatives and not s.teacher  # see alternatives.py
         self.v = s.vocab
         self.teacher = s.teacher
 
@@ -78,6 +80,7 @@ class Walker:
         elif s.choose([opener, "]"], (0 if gold else 1) if self.teacher else None, (0, 1), [next_call(), DECISION]):
             return
         written: list[str] = []  # the calls so far, as JSON text
+        forced: list[str] = []  # alternatives another call was written for (alternatives.py)
         guard = not self.teacher and self.dec.stop_on_repeat
         before_separator = hold = None
         while True:
@@ -105,6 +108,11 @@ class Walker:
                 return
             before_separator = s.mark() if not self.teacher else None
             hold = s.hold(before_separator, written) if guard else None
+            alternative = uncovered_in_text(s.draft_source, s.text, forced) if self.alternatives else None
+            if alternative is not None:
+                forced.append(alternative)
+                s.inject(separator[0])
+                continue
             gold_choice = (0 if n < len(gold) else 1) if self.teacher else None
             if s.choose(separator, gold_choice, (0, 1) if more else (1, 0), [upcoming, DECISION]) == 1:
                 s.release(hold)
