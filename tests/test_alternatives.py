@@ -33,6 +33,7 @@ RESISTANCE = "the resistance of a 5m wire with an area of 0.01m² and a resistiv
     ("Paris or 5", ["Paris"], [], None),
     ("no alternatives here: Paris", ["Paris"], [], None),
     ("the 2023 budget and 10 more", ["2"], [], None),  # a digit inside a number is not the value
+    ("growth in deer and their impact", ["deer"], [], None),  # a pronoun is no alternative
 ])
 def test_uncovered_alternative(request_text, values, skip, expected) -> None:
     assert uncovered_alternative(request_text, values, skip) == expected
@@ -40,10 +41,15 @@ def test_uncovered_alternative(request_text, values, skip, expected) -> None:
 
 def test_values_of_calls_and_of_the_decoders_text() -> None:
     calls = [{"name": "f", "arguments": {"a": "x", "n": 2.0, "flag": True, "items": ["y", {"k": 3}]}}]
-    assert call_values(calls) == ["x", "2", "y", "3"]  # booleans are not values a request lists
+    # booleans are not values a request lists; array items list none (the array takes the list)
+    assert call_values(calls) == (["x", "2"], ["x", "2", "y", "3"])
     text = '[{"name": "r", "arguments": {"metal": "copper"}}'
     assert uncovered_in_text(RESISTANCE, text) == "aluminum"
     assert uncovered_in_text(RESISTANCE, text[:-3]) is None  # not a whole call yet
+    stats = '[{"name": "s", "arguments": {"player": "LeBron James", "fields": ["points_per_game", "assists"]}}'
+    assert uncovered_in_text("LeBron James including points per game, assists, and minutes per game", stats) is None
+    listed = '[{"name": "r", "arguments": {"metals": ["copper", "aluminum"], "metal": "copper"}}'
+    assert uncovered_in_text(RESISTANCE, listed) is None  # an array item covers an alternative
 
 
 class Sequence:

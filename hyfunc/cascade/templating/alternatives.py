@@ -6,7 +6,9 @@ another call instead of letting the model close the list; the model then writes 
 usual (the repeat guard still takes back a call that repeats an earlier one).
 
 Only same-shaped neighbours count: a number next to a number, or a phrase of as many words with
-the same capitalisation, joined by "and", "or", "&" or a comma; filler words never count."""
+the same capitalisation, joined by "and", "or", "&" or a comma; filler words never count. Only an
+argument's own value lists alternatives: the items of an array value are the tool taking the list
+itself ("points per game, assists and minutes per game" as one `stats_fields` array)."""
 from __future__ import annotations
 
 import json
@@ -18,20 +20,24 @@ _NUMBER = r"-?\d+(?:\.\d+)?"
 _MAX_WORDS = 3
 # Words that join or frame a phrase rather than name a value.
 _FILLER = frozenset(
-    "a an the my me i you we it this that these those all any some both either each also then too "
-    "for in on at to of with from by as and or not no please".split()
+    "a an the this that these those all any some both either each every other another such own "
+    "i me my mine you your yours he him his she her hers it its we us our ours they them their theirs "
+    "is are was were be been am do does did have has had will would can could should may might must "
+    "also then too so just only more most very not no nor please "
+    "for in on at to of with from by as into over under about than and or but if".split()
 )
 
 
-def _leaves(value: Any) -> Iterable[Any]:
+def _leaves(value: Any, in_array: bool = False) -> Iterable[tuple[Any, bool]]:
+    """(scalar, inside an array?) for every scalar in `value`."""
     if isinstance(value, dict):
         for item in value.values():
-            yield from _leaves(item)
+            yield from _leaves(item, in_array)
     elif isinstance(value, list):
         for item in value:
-            yield from _leaves(item)
+            yield from _leaves(item, True)
     elif not isinstance(value, bool) and isinstance(value, (str, int, float)):
-        yield value
+        yield value, in_array
 
 
 def _spelled(value: Any) -> str:
@@ -40,9 +46,11 @@ def _spelled(value: Any) -> str:
     return str(value).strip()
 
 
-def call_values(calls: list[dict]) -> list[str]:
-    """Every scalar value in `calls` (the decoder's `{"name", "arguments"}` objects), as text."""
-    return [_spelled(v) for call in calls for v in _leaves(call.get("arguments", {}))]
+def call_values(calls: list[dict]) -> tuple[list[str], list[str]]:
+    """The scalar values in `calls` (the decoder's `{"name", "arguments"}` objects) as text: (those
+    that may list alternatives, array items excluded; all of them)."""
+    leaves = [(_spelled(v), in_array) for call in calls for v, in_array in _leaves(call.get("arguments", {}))]
+    return [v for v, in_array in leaves if not in_array], [v for v, _ in leaves]
 
 
 def _is_number(text: str) -> bool:
@@ -69,10 +77,12 @@ def _neighbours(request: str, start: int, end: int, number: bool, words: int) ->
     return found
 
 
-def uncovered_alternative(request: str, values: list[str], skip: Iterable[str] = ()) -> str | None:
-    """A value the request lists next to one of `values` that none of them is (lower case), other
-    than those in `skip`; None if there is none."""
-    used = {v.lower() for v in values}
+def uncovered_alternative(
+    request: str, values: list[str], skip: Iterable[str] = (), used: Iterable[str] = ()
+) -> str | None:
+    """A value the request lists next to one of `values` that is none of `values` or `used` (lower
+    case), other than those in `skip`; None if there is none."""
+    used = {v.lower() for v in [*values, *used]}
     skip = {s.lower() for s in skip}
     for value in dict.fromkeys(values):
         number = _is_number(value)
@@ -97,4 +107,5 @@ def uncovered_in_text(request: str, text: str, skip: Iterable[str] = ()) -> str 
         calls = json.loads(text + "]")
     except json.JSONDecodeError:
         return None
-    return uncovered_alternative(request, call_values(calls), skip)
+    listing, used = call_values(calls)
+    return uncovered_alternative(request, listing, skip, used)
