@@ -52,7 +52,7 @@ def test_values_of_calls_and_of_the_decoders_text() -> None:
     assert uncovered_in_text(RESISTANCE, listed) is None  # an array item covers an alternative
 
 
-class Sequence:
+class InTurn:
     """A ValueWriter writing the given strings in turn."""
 
     model_drafts = False
@@ -79,7 +79,7 @@ def test_decoder_writes_a_call_for_the_alternative_the_model_would_leave_out() -
     dec = TemplateDecoder(w, max_calls=4)
 
     def decode(request: str, alternatives: bool, values=("copper", "aluminum", "copper")):
-        writer = Sequence(*values)
+        writer = InTurn(*values)
         out = dec.decode(w.start(request), tools, require_call=True, draft_source=request, write_value=writer,
                          alternatives=alternatives)
         return [c.arguments["metal"] for c in out.calls]
