@@ -69,6 +69,9 @@ class InTurn:
     def number(self, text_so_far, integer, draft=None):
         return None
 
+    def optional_key(self, text_so_far, keys, first):
+        return None
+
 
 def test_decoder_writes_a_call_for_the_alternative_the_model_would_leave_out() -> None:
     backend = tiny_backend()

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from hyfunc.cascade.large_values import LargeValueWriter, _number_value, _string_end
+from hyfunc.cascade.large_values import LargeValueWriter, _list_item, _number_value, _string_end
 from hyfunc.cascade.templating import TemplateDecoder
 from hyfunc.formats.schema import parse_tools
 from hyfunc.formats.validate import argument_errors
@@ -26,8 +26,8 @@ class Recording:
 
     model_drafts = False
 
-    def __init__(self, string=None, choice=None, number=None):
-        self._string, self._choice, self._number = string, choice, number
+    def __init__(self, string=None, choice=None, number=None, key=None):
+        self._string, self._choice, self._number, self._key = string, choice, number, key
         self.asked: list[tuple[str, str]] = []
 
     def string(self, text_so_far, draft=None):
@@ -41,6 +41,10 @@ class Recording:
     def number(self, text_so_far, integer, draft=None):
         self.asked.append(("number", text_so_far))
         return None if self._number is None else self._number(integer)
+
+    def optional_key(self, text_so_far, keys, first):
+        self.asked.append(("key", text_so_far))
+        return keys.index(self._key) if self._key in keys else None
 
 
 def _decode(backend, writer=None, tools=TOOLS[:1]):
@@ -155,6 +159,40 @@ def test_number_writing_stops_at_the_first_other_character(backend) -> None:
     assert _scripted_writer(backend, '"x"', kinds=("number",)).string(text) is None  # strings are not among its kinds
 
 
+@pytest.mark.parametrize("number, request_text, value", [
+    ("510", "Find the factorial of 5,10 and 15.", "5"), ("15", "for 1,5 and 10 years", "1"),
+    ("1510", "ids 1,5,10", "1"), ("5", "Find the factorial of 5,10 and 15.", "5"),
+    ("1000", "invest $1,000 now", "1000"), ("1000500", "1,000,500 people", "1000500"),  # thousands separators
+    ("510", "5 and 10", "510"), ("510", "", "510"), ("314", "3.14,15", "314"),
+])
+def test_a_number_joining_a_listed_pair_is_the_lists_first_item(number: str, request_text: str, value: str) -> None:
+    assert _list_item(number, request_text) == value
+
+
+def test_the_writers_number_is_read_against_the_requests_lists(backend) -> None:
+    text = '[{"name": "f", "arguments": {"n": '
+    writer = _scripted_writer(backend, " 510}", kinds=("number",))
+    writer.request = "Find the factorial of 5,10 and 15."
+    assert writer.number(text, integer=True) == "5"
+    assert _scripted_writer(backend, " 510}", kinds=("number",)).number(text, integer=True) == "510"  # no request
+
+
+@pytest.mark.parametrize("script, first, key", [(" ,", False, 0), ("}}]", False, None), (' "', True, 0), ("}", True, None)])
+def test_the_writer_adds_an_optional_key_where_the_object_goes_on(backend, script: str, first: bool, key) -> None:
+    text = '[{"name": "f", "arguments": {' + ("" if first else '"a": 1')
+    writer = _scripted_writer(backend, script, kinds=("keys",))
+    assert writer.optional_key(text, ["unit"], first) == key
+    assert _scripted_writer(backend, script, kinds=("number",)).optional_key(text, ["unit"], first) is None  # not asked
+
+
+def test_decoder_writes_the_optional_key_the_writer_adds(backend) -> None:
+    writer = Recording(key="unit")
+    out = _decode(backend, writer)
+    assert all("unit" in call["arguments"] for call in json.loads(out.text))
+    assert all(not argument_errors(c, TOOLS) for c in out.calls)
+    assert ("key", writer.asked[-1][1]) in writer.asked and any(kind == "key" for kind, _ in writer.asked)
+
+
 @pytest.mark.parametrize("text, integer, value", [("12", True, "12"), ("-0.5", False, "-0.5"), ("1e3", False, "1e3"),
                                                   ("2.0", True, None), ("05", False, None), ("-", False, None),
                                                   ("", True, None), ("1.", False, None)])
@@ -266,6 +304,9 @@ class Checking:
         self.drafts.append(("number", text_so_far, draft))
         return draft if self.agree else "7"
 
+    def optional_key(self, text_so_far, keys, first):
+        return None
+
 
 @pytest.mark.parametrize("agree", [True, False])
 def test_the_models_value_is_the_writers_draft_and_stands_only_where_the_writer_agrees(backend, agree) -> None:
@@ -298,10 +339,10 @@ def test_cascade_writes_values_with_the_large_model_unless_switched_off() -> Non
     tools = parse_tools(SERVE_TOOLS)
     answer = cascade.answer(messages, tools)
     assert "large_values" in answer.timings and "large_values" in answer.details
-    off = CascadeOptions(large_values=False, large_choices=False, large_numbers=False)
+    off = CascadeOptions(large_values=False, large_choices=False, large_numbers=False, large_keys=False)
     plain = cascade.variant(off, "no-large-values").answer(messages, tools)
     assert "large_values" not in plain.timings
-    assert CascadeOptions(large_choices=False).large_value_kinds() == ("string", "number")
+    assert CascadeOptions(large_choices=False).large_value_kinds() == ("string", "number", "keys")
 
 
 def test_value_drafts_change_the_passes_not_the_answers() -> None:

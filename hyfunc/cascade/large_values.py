@@ -9,9 +9,16 @@ far up to a value, it writes the value itself, reading the description:
 - free strings: greedily, to the closing quote (`string`);
 - enum members: the member whose JSON text it finds likeliest (`choice`), when asked;
 - numbers: greedily, to the first character a JSON number cannot hold (`number`), when asked.
+  The large model reads "5,10 and 15" as 510 (a comma between digits being, to it, a thousands
+  separator); a number that joins the items of such a list, whose commas cannot be thousands
+  separators, is taken as the list's first item (`_list_item`); the items' own calls follow;
+- optional keys: an optional argument the small model would leave out (`optional_key`), when
+  asked. The small model, trained on fc-train's targets, often stops after the required arguments
+  where the request states an optional one ("a radius of 4 inches" leaves out `unit`); the large
+  model reads the request and each parameter's description.
 
-The small model keeps every structural choice (which tools, how many calls, which optional keys,
-how many array items) and every value the writer declines. Which kinds the large model writes is
+The small model keeps the other structural choices (which tools, how many calls, how many array
+items, dropping an optional argument) and every value the writer declines. Which kinds the large model writes is
 the writer's `kinds`; the cascade's options set it.
 
 Drafts make a value cost one or two passes of the large model instead of one per token, and
@@ -38,9 +45,10 @@ from typing import Any, Callable, Sequence
 import torch
 
 from hyfunc.cascade.templating.drafting import copy_draft_ids
+from hyfunc.cascade.templating.vocab import vocab_for
 from hyfunc.models.base import BackendBase, StepOutput
 
-KINDS = ("string", "choice", "number")
+KINDS = ("string", "choice", "number", "keys")
 #: Characters a JSON number may hold; the first other one ends the large model's number.
 _NUMBER_CHARS = set("-+.eE0123456789")
 _JSON_NUMBER = re.compile(r"-?(0|[1-9]\d*)(\.\d+)?([eE][+-]?\d+)?")
@@ -54,7 +62,7 @@ class LargeValueWriter:
     def __init__(
         self, backend: BackendBase, prompt_state: StepOutput, max_tokens: int = 48,
         kinds: Sequence[str] = ("string",), draft_source: str = "", max_draft_tokens: int = 24,
-        model_drafts: bool = False,
+        model_drafts: bool = False, request: str = "",
     ):
         """`draft_source`: the text values are likely copied from (the request; no copy drafts when
         empty or `max_draft_tokens` is 0). `model_drafts`: the decoder passes the decoding model's
@@ -66,6 +74,7 @@ class LargeValueWriter:
         self.kinds = frozenset(kinds)
         self.draft_source, self.max_draft_tokens = draft_source, max_draft_tokens
         self.model_drafts = model_drafts
+        self.request = request  # numbers are read against its lists (`_list_item`)
         self._cache: Any = None
         self._seen = ""  # answer text the cache holds, after the prompt
         self._logits = None  # the next-token logits after `_seen`
@@ -128,8 +137,9 @@ class LargeValueWriter:
         def so_far(text: str) -> tuple[str, str] | None:
             return ("number", text[len(gap):]) if text.startswith(gap) else None
 
-        return self._timed(lambda: self._generate(
+        value = self._timed(lambda: self._generate(
             head, lambda text: _number_end(text, gap), value_of, so_far, gap + draft if draft else ""))
+        return _list_item(value, self.request) if value is not None else None
 
     def choice(self, text_so_far: str, options: Sequence[str]) -> int | None:
         """The index of the option (JSON texts: enum members) whose tokens the large model finds
@@ -137,6 +147,31 @@ class LargeValueWriter:
         if "choice" not in self.kinds or len(options) < 2:
             return None
         return self._timed(lambda: self._choose(text_so_far, options))
+
+    def optional_key(self, text_so_far: str, keys: Sequence[str], first: bool) -> int | None:
+        """The optional key (index into `keys`, names in schema order) the object at the end of
+        `text_so_far` goes on with, or None to leave the choice to the decoding model; `first`: no
+        key written yet (the text ends with "{"). Only ever adds: under the cascade's prompt the
+        large model closes objects the small model rightly goes on with (fc-train validation), but
+        where it does go on, the request states a value. Going on is the next token opening a key
+        (``,``, or ``"`` first) being likelier than its closing the object (``}``), however each
+        token goes on (``}}]`` is one token; so is `` ,``); then the likeliest key's JSON text."""
+        if "keys" not in self.kinds or not keys:
+            return None
+        return self._timed(lambda: self._added_key(text_so_far, keys, first))
+
+    def _added_key(self, text_so_far: str, keys: Sequence[str], first: bool) -> int | None:
+        self._follow(text_so_far)
+        vocab = vocab_for(self.backend.tokenizer, self._logits.shape[-1])
+        probs = torch.softmax(self._logits.float(), -1)
+        self.tokens += 1
+        if float(probs[vocab.starts_spaced["}"]].sum()) >= float(probs[vocab.starts_spaced['"' if first else ","]].sum()):
+            return None
+        if len(keys) == 1:
+            self.values += 1
+            return 0
+        separator = "" if first else ", "
+        return self._choose(text_so_far, [separator + json.dumps(k) for k in keys])
 
     def _choose(self, text_so_far: str, options: Sequence[str]) -> int:
         head, gap = _split_gap(text_so_far)
@@ -248,3 +283,19 @@ def _number_value(text: str, integer: bool) -> str | None:
     if not _JSON_NUMBER.fullmatch(text) or (integer and not re.fullmatch(r"-?\d+", text)):
         return None
     return text
+
+
+#: Numbers joined by commas ("5,10", "1,5,10"), not part of a decimal.
+_COMMA_LIST = re.compile(r"(?<![\d.,])\d+(?:,\d+)+(?![\d.]\d)")
+
+
+def _list_item(number: str, request: str) -> str:
+    """`number`, or the first item of the request's comma-joined list of numbers that it reads as
+    one number: "5,10" read as 510 gives 5. Commas before exactly three digits ("1,000") may be
+    thousands separators, so such a list is left as it is."""
+    for match in _COMMA_LIST.finditer(request):
+        items = match.group().split(",")
+        if "".join(items) == number and any(len(item) != 3 for item in items[1:]):
+            return items[0]
+    return number
+

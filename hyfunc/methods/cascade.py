@@ -76,6 +76,8 @@ class CascadeOptions:
     large_values: bool = True
     large_choices: bool = True
     large_numbers: bool = True
+    # Whether an object goes on with an optional argument, and which, decided by the large model.
+    large_keys: bool = True
     # The large model's values drafted from the small model's and from the request: the same
     # values, fewer passes of the large model (large_values.py).
     value_drafts: bool = True
@@ -89,7 +91,8 @@ class CascadeOptions:
         return cls(**{stage: False for stage in stages})
 
     def large_value_kinds(self) -> tuple[str, ...]:
-        on = {"string": self.large_values, "choice": self.large_choices, "number": self.large_numbers}
+        on = {"string": self.large_values, "choice": self.large_choices, "number": self.large_numbers,
+              "keys": self.large_keys}
         return tuple(kind for kind, enabled in on.items() if enabled)
 
 
@@ -369,7 +372,8 @@ class HyFuncMethod:
             if kinds and encoding.state is not None:
                 drafts = self.options.value_drafts
                 writer = LargeValueWriter(self.large, encoding.state, kinds=kinds,
-                                          draft_source=request if drafts else "", model_drafts=drafts)
+                                          draft_source=request if drafts else "", model_drafts=drafts,
+                                          request=request)
             # "No tool fits" is the retriever's decision: once it has selected tools, the small
             # model writes at least one call (left to choose, it refused far too often).
             out = self.decoder.decode(

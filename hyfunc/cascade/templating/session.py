@@ -77,6 +77,9 @@ class ValueWriter(Protocol):
     def number(self, text_so_far: str, integer: bool, draft: str | None = None) -> str | None:
         """A number's JSON text to follow `text_so_far`."""
 
+    def optional_key(self, text_so_far: str, keys: Sequence[str], first: bool) -> int | None:
+        """An optional key (index into `keys`, names) the object goes on with; None: the model decides."""
+
 
 class Session:
     def __init__(

@@ -176,8 +176,11 @@ class Walker:
             g = None
             if self.teacher:
                 g = next((j for j, k in enumerate(remaining) if k in gold), len(remaining))
-            # Guessed: no more optional keys.
-            j = s.choose(opts, g, [len(remaining), *range(len(remaining))], [DECISION] * len(remaining) + [follow])
+            j = s.write_value.optional_key(s.text, remaining, first) if s.write_value is not None else None
+            if j is not None:  # the writer adds a key
+                s.inject(opts[j])
+            else:  # guessed: no more optional keys
+                j = s.choose(opts, g, [len(remaining), *range(len(remaining))], [DECISION] * len(remaining) + [follow])
             if j == len(remaining):
                 return
             k = remaining[j]
