@@ -60,16 +60,13 @@ class InTurn:
     def __init__(self, *strings: str):
         self.strings = list(strings)
 
-    def string(self, text_so_far, draft=None):
+    def string(self, text_so_far, draft=None, examples=()):
         return self.strings.pop(0) if self.strings else None
 
     def choice(self, text_so_far, options):
         return None
 
     def number(self, text_so_far, integer, draft=None):
-        return None
-
-    def optional_key(self, text_so_far, keys, first):
         return None
 
 

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 from hyfunc.formats.calls import Call
 from hyfunc.formats.grounding import (
-    NOT_COPIED, NOT_STATED, PERCENTAGE, SEPARATORS, described_examples, stated_numbers, ungrounded_values,
+    NOT_COPIED, NOT_STATED, PERCENTAGE, SEPARATORS, described_examples, form_separators, padded_dates, separators_of,
+    stated_numbers,
+    ungrounded_values,
 )
 from hyfunc.formats.schema import parse_tools
 
@@ -29,6 +31,22 @@ def test_examples_are_read_only_where_a_form_is_announced() -> None:
     assert described_examples('The date, e.g. "2024-01-31"') == ("2024-01-31",)
     assert described_examples("The user's 'nickname'.") == ()  # quoted, but no form announced
     assert described_examples("Formatted as an ISO date.") == ()  # announced, but nothing quoted to compare
+
+
+def test_apostrophes_quote_nothing_and_forms_have_their_examples_separators() -> None:
+    assert described_examples("The degree (e.g., Bachelor's, Master's, Ph.D.)") == ()
+    location = WEATHER["parameters"]["properties"]["location"]["description"]
+    assert form_separators(described_examples(location)) == {","}
+    assert form_separators(("HH:MM", "14:45")) == {":"}
+    assert form_separators(("Twitter, Facebook, Instagram",)) == {",,"}
+    assert (separators_of("San Francisco"), separators_of("Boston, MA (USA)")) == ("", ",")
+
+
+def test_dates_are_padded_only_where_an_example_shows_the_iso_form() -> None:
+    assert padded_dates("2023-10-1 to 2023-10-7", ("YYYY-MM-DD to YYYY-MM-DD",)) == "2023-10-01 to 2023-10-07"
+    assert padded_dates("from 2024-2-29", ("2024-01-31",)) == "from 2024-02-29"
+    assert padded_dates("2023-10-1", ("MM/DD/YYYY",)) == "2023-10-1"  # another form
+    assert padded_dates("2023-13-1, 12023-1-1", ("YYYY-MM-DD",)) == "2023-13-1, 12023-1-1"  # not dates
 
 
 def test_numbers_stated_in_digits_words_and_thousands() -> None:

@@ -26,11 +26,11 @@ class Recording:
 
     model_drafts = False
 
-    def __init__(self, string=None, choice=None, number=None, key=None):
-        self._string, self._choice, self._number, self._key = string, choice, number, key
+    def __init__(self, string=None, choice=None, number=None):
+        self._string, self._choice, self._number = string, choice, number
         self.asked: list[tuple[str, str]] = []
 
-    def string(self, text_so_far, draft=None):
+    def string(self, text_so_far, draft=None, examples=()):
         self.asked.append(("string", text_so_far))
         return self._string
 
@@ -41,10 +41,6 @@ class Recording:
     def number(self, text_so_far, integer, draft=None):
         self.asked.append(("number", text_so_far))
         return None if self._number is None else self._number(integer)
-
-    def optional_key(self, text_so_far, keys, first):
-        self.asked.append(("key", text_so_far))
-        return keys.index(self._key) if self._key in keys else None
 
 
 def _decode(backend, writer=None, tools=TOOLS[:1]):
@@ -177,20 +173,21 @@ def test_the_writers_number_is_read_against_the_requests_lists(backend) -> None:
     assert _scripted_writer(backend, " 510}", kinds=("number",)).number(text, integer=True) == "510"  # no request
 
 
-@pytest.mark.parametrize("script, first, key", [(" ,", False, 0), ("}}]", False, None), (' "', True, 0), ("}", True, None)])
-def test_the_writer_adds_an_optional_key_where_the_object_goes_on(backend, script: str, first: bool, key) -> None:
-    text = '[{"name": "f", "arguments": {' + ("" if first else '"a": 1')
-    writer = _scripted_writer(backend, script, kinds=("keys",))
-    assert writer.optional_key(text, ["unit"], first) == key
-    assert _scripted_writer(backend, script, kinds=("number",)).optional_key(text, ["unit"], first) is None  # not asked
-
-
-def test_decoder_writes_the_optional_key_the_writer_adds(backend) -> None:
-    writer = Recording(key="unit")
-    out = _decode(backend, writer)
-    assert all("unit" in call["arguments"] for call in json.loads(out.text))
-    assert all(not argument_errors(c, TOOLS) for c in out.calls)
-    assert ("key", writer.asked[-1][1]) in writer.asked and any(kind == "key" for kind, _ in writer.asked)
+@pytest.mark.parametrize("script, examples, value", [
+    ('San Francisco", CA"', ("City, State", "San Francisco, CA"), "San Francisco, CA"),  # goes on from the separator: " CA"
+    ('San Francisco", CA"', (), "San Francisco"),  # no described form
+    ('San Francisco", CA"', ("Twitter, Facebook, Instagram",), "San Francisco"),  # a form of three parts may be a list
+    ('Boston, MA", x"', ("City, State",), "Boston, MA"),  # in the form already
+    ('San Francisco", 1, 2"', ("City, State",), "San Francisco"),  # what follows the separator leaves the form
+    ('2023-10-1 to 2023-10-7"', ("YYYY-MM-DD to YYYY-MM-DD",), "2023-10-01 to 2023-10-07"),
+])
+def test_a_string_is_brought_into_its_described_form(backend, script: str, examples, value: str) -> None:
+    text = '[{"name": "f", "arguments": {"location": "'
+    writer = _scripted_writer(backend, script)
+    assert writer.string(text, examples=examples) == value
+    writer = _scripted_writer(backend, script)
+    writer.described_forms = False
+    assert writer.string(text, examples=examples) == script.split('"')[0]
 
 
 @pytest.mark.parametrize("text, integer, value", [("12", True, "12"), ("-0.5", False, "-0.5"), ("1e3", False, "1e3"),
@@ -293,7 +290,7 @@ class Checking:
     def __init__(self, agree: bool):
         self.agree, self.drafts = agree, []
 
-    def string(self, text_so_far, draft=None):
+    def string(self, text_so_far, draft=None, examples=()):
         self.drafts.append(("string", text_so_far, draft))
         return json.loads('"' + draft + '"') if self.agree else "Boston, MA"
 
@@ -303,9 +300,6 @@ class Checking:
     def number(self, text_so_far, integer, draft=None):
         self.drafts.append(("number", text_so_far, draft))
         return draft if self.agree else "7"
-
-    def optional_key(self, text_so_far, keys, first):
-        return None
 
 
 @pytest.mark.parametrize("agree", [True, False])
@@ -339,10 +333,10 @@ def test_cascade_writes_values_with_the_large_model_unless_switched_off() -> Non
     tools = parse_tools(SERVE_TOOLS)
     answer = cascade.answer(messages, tools)
     assert "large_values" in answer.timings and "large_values" in answer.details
-    off = CascadeOptions(large_values=False, large_choices=False, large_numbers=False, large_keys=False)
+    off = CascadeOptions(large_values=False, large_choices=False, large_numbers=False)
     plain = cascade.variant(off, "no-large-values").answer(messages, tools)
     assert "large_values" not in plain.timings
-    assert CascadeOptions(large_choices=False).large_value_kinds() == ("string", "number", "keys")
+    assert CascadeOptions(large_choices=False).large_value_kinds() == ("string", "number")
 
 
 def test_value_drafts_change_the_passes_not_the_answers() -> None:

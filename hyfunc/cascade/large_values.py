@@ -6,19 +6,20 @@ values the request only implies. The large model has already read [instruction +
 request] to produce the soft token; its KV state is there. Continued with the answer written so
 far up to a value, it writes the value itself, reading the description:
 
-- free strings: greedily, to the closing quote (`string`);
+- free strings: greedily, to the closing quote (`string`). Where the parameter's description
+  shows a form of two parts by quoted examples ("in the format of 'City, State', such as 'San
+  Francisco, CA'") and the value has no separator ("San Francisco", copied from the request), the
+  model goes on from the value with the form's separator ("San Francisco," then " CA"); the longer
+  value is kept if it is then in the form; dates get two-digit months and days where the examples
+  show 'YYYY-MM-DD' (`described_forms`);
 - enum members: the member whose JSON text it finds likeliest (`choice`), when asked;
 - numbers: greedily, to the first character a JSON number cannot hold (`number`), when asked.
   The large model reads "5,10 and 15" as 510 (a comma between digits being, to it, a thousands
   separator); a number that joins the items of such a list, whose commas cannot be thousands
-  separators, is taken as the list's first item (`_list_item`); the items' own calls follow;
-- optional keys: an optional argument the small model would leave out (`optional_key`), when
-  asked. The small model, trained on fc-train's targets, often stops after the required arguments
-  where the request states an optional one ("a radius of 4 inches" leaves out `unit`); the large
-  model reads the request and each parameter's description.
+  separators, is taken as the list's first item (`_list_item`); the items' own calls follow.
 
-The small model keeps the other structural choices (which tools, how many calls, how many array
-items, dropping an optional argument) and every value the writer declines. Which kinds the large model writes is
+The small model keeps every structural choice (which tools, how many calls, which optional keys,
+how many array items) and every value the writer declines. Which kinds the large model writes is
 the writer's `kinds`; the cascade's options set it.
 
 Drafts make a value cost one or two passes of the large model instead of one per token, and
@@ -45,10 +46,10 @@ from typing import Any, Callable, Sequence
 import torch
 
 from hyfunc.cascade.templating.drafting import copy_draft_ids
-from hyfunc.cascade.templating.vocab import vocab_for
+from hyfunc.formats.grounding import form_separators, padded_dates, separators_of
 from hyfunc.models.base import BackendBase, StepOutput
 
-KINDS = ("string", "choice", "number", "keys")
+KINDS = ("string", "choice", "number")
 #: Characters a JSON number may hold; the first other one ends the large model's number.
 _NUMBER_CHARS = set("-+.eE0123456789")
 _JSON_NUMBER = re.compile(r"-?(0|[1-9]\d*)(\.\d+)?([eE][+-]?\d+)?")
@@ -62,7 +63,7 @@ class LargeValueWriter:
     def __init__(
         self, backend: BackendBase, prompt_state: StepOutput, max_tokens: int = 48,
         kinds: Sequence[str] = ("string",), draft_source: str = "", max_draft_tokens: int = 24,
-        model_drafts: bool = False, request: str = "",
+        model_drafts: bool = False, request: str = "", described_forms: bool = True,
     ):
         """`draft_source`: the text values are likely copied from (the request; no copy drafts when
         empty or `max_draft_tokens` is 0). `model_drafts`: the decoder passes the decoding model's
@@ -75,6 +76,7 @@ class LargeValueWriter:
         self.draft_source, self.max_draft_tokens = draft_source, max_draft_tokens
         self.model_drafts = model_drafts
         self.request = request  # numbers are read against its lists (`_list_item`)
+        self.described_forms = described_forms  # strings are brought into their described form (`string`)
         self._cache: Any = None
         self._seen = ""  # answer text the cache holds, after the prompt
         self._logits = None  # the next-token logits after `_seen`
@@ -116,13 +118,27 @@ class LargeValueWriter:
         finally:
             self.seconds += time.perf_counter() - start
 
-    def string(self, text_so_far: str, draft: str | None = None) -> str | None:
+    def string(self, text_so_far: str, draft: str | None = None, examples: Sequence[str] = ()) -> str | None:
         """A free string's content; `text_so_far` ends with its opening quote. `draft`: the
-        content as the decoding model wrote it (JSON-escaped), to check first."""
+        content as the decoding model wrote it (JSON-escaped), to check first. `examples`: those
+        of the form the parameter's description shows (grounding.described_examples)."""
         if "string" not in self.kinds:
             return None
-        return self._timed(lambda: self._generate(
+        value = self._timed(lambda: self._generate(
             text_so_far, _string_end, _string_value, lambda text: ("string", text), draft or ""))
+        if value is None or not self.described_forms or not examples:
+            return value
+        value = padded_dates(value, examples)
+        forms = form_separators(examples)
+        # Only forms of two parts ("City, State", "HH:MM"): a form of more ('Twitter, Facebook,
+        # Instagram') may be a list, which a value of one item is not wrong to be.
+        if any(len(f) != 1 for f in forms) or separators_of(value):
+            return value
+        separator = min(forms)
+        head = text_so_far + json.dumps(value, ensure_ascii=False)[1:-1] + separator
+        more = self._timed(lambda: self._generate(head, _string_end, _string_value, lambda text: ("string", text)))
+        longer = value + separator + more if more is not None else None
+        return longer if longer is not None and separators_of(longer) in forms else value
 
     def number(self, text_so_far: str, integer: bool, draft: str | None = None) -> str | None:
         """A number's JSON text, when it is one (an integer for `integer`). `draft`: the number as
@@ -147,31 +163,6 @@ class LargeValueWriter:
         if "choice" not in self.kinds or len(options) < 2:
             return None
         return self._timed(lambda: self._choose(text_so_far, options))
-
-    def optional_key(self, text_so_far: str, keys: Sequence[str], first: bool) -> int | None:
-        """The optional key (index into `keys`, names in schema order) the object at the end of
-        `text_so_far` goes on with, or None to leave the choice to the decoding model; `first`: no
-        key written yet (the text ends with "{"). Only ever adds: under the cascade's prompt the
-        large model closes objects the small model rightly goes on with (fc-train validation), but
-        where it does go on, the request states a value. Going on is the next token opening a key
-        (``,``, or ``"`` first) being likelier than its closing the object (``}``), however each
-        token goes on (``}}]`` is one token; so is `` ,``); then the likeliest key's JSON text."""
-        if "keys" not in self.kinds or not keys:
-            return None
-        return self._timed(lambda: self._added_key(text_so_far, keys, first))
-
-    def _added_key(self, text_so_far: str, keys: Sequence[str], first: bool) -> int | None:
-        self._follow(text_so_far)
-        vocab = vocab_for(self.backend.tokenizer, self._logits.shape[-1])
-        probs = torch.softmax(self._logits.float(), -1)
-        self.tokens += 1
-        if float(probs[vocab.starts_spaced["}"]].sum()) >= float(probs[vocab.starts_spaced['"' if first else ","]].sum()):
-            return None
-        if len(keys) == 1:
-            self.values += 1
-            return 0
-        separator = "" if first else ", "
-        return self._choose(text_so_far, [separator + json.dumps(k) for k in keys])
 
     def _choose(self, text_so_far: str, options: Sequence[str]) -> int:
         head, gap = _split_gap(text_so_far)

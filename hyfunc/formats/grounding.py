@@ -30,7 +30,8 @@ from hyfunc.formats.calls import Call, calls_from_records
 from hyfunc.formats.schema import Param, Tool, parse_tools
 
 _CUE = re.compile(r"\bformat|e\.g\.|such as|for example|\bexample", re.IGNORECASE)
-_QUOTED = re.compile(r"'([^'\n]{1,80})'|\"([^\"\n]{1,80})\"")
+# A single quote inside a word is an apostrophe ("Bachelor's, Master's" quotes nothing).
+_QUOTED = re.compile(r"(?<!\w)'([^'\n]{1,80})'(?!\w)|\"([^\"\n]{1,80})\"")
 _SEPARATORS = re.compile(r"[,/:;@]")
 _NOTE = re.compile(r"\([^)]*\)")
 _SPACE = re.compile(r"\s+")
@@ -68,6 +69,34 @@ def described_examples(description: str) -> tuple[str, ...]:
     if not _CUE.search(description):
         return ()
     return tuple(a or b for a, b in _QUOTED.findall(description))
+
+
+def form_separators(examples: Sequence[str]) -> frozenset[str]:
+    """The separators (``, / : ; @``, in order) of each example of a form (`described_examples`:
+    'City, State (abbr)', 'San Francisco, CA' give {","}). A value in that form has the separators
+    of one of them (`separators_of`)."""
+    return frozenset(_separators(example) for example in examples)
+
+
+def separators_of(text: str) -> str:
+    return _separators(text)
+
+
+_ISO_DATE_FORM = re.compile(r"YYYY-MM-DD|(?<!\d)\d{4}-\d{2}-\d{2}(?!\d)")
+_LOOSE_DATE = re.compile(r"(?<!\d)(\d{4})-(\d{1,2})-(\d{1,2})(?!\d)")
+
+
+def padded_dates(value: str, examples: Sequence[str]) -> str:
+    """`value` with its dates in two-digit months and days where an example shows the ISO form
+    ('YYYY-MM-DD', '2024-01-31'): "2023-10-1 to 2023-10-7" as "2023-10-01 to 2023-10-07"."""
+    if not any(_ISO_DATE_FORM.search(example) for example in examples):
+        return value
+
+    def padded(m: re.Match) -> str:
+        month, day = int(m[2]), int(m[3])
+        return f"{m[1]}-{month:02d}-{day:02d}" if 1 <= month <= 12 and 1 <= day <= 31 else m[0]
+
+    return _LOOSE_DATE.sub(padded, value)
 
 
 def stated_numbers(text: str) -> set[float]:
@@ -111,7 +140,7 @@ def _check(value: Any, param: Param, request: _Request) -> tuple[str, tuple[str,
     examples = described_examples(param.description)
     if not examples:
         return None
-    if _separators(value) not in {_separators(e) for e in examples}:
+    if _separators(value) not in form_separators(examples):
         return SEPARATORS, examples
     return None if _normal(value) in request.text else (NOT_COPIED, examples)
 

@@ -76,8 +76,9 @@ class CascadeOptions:
     large_values: bool = True
     large_choices: bool = True
     large_numbers: bool = True
-    # Whether an object goes on with an optional argument, and which, decided by the large model.
-    large_keys: bool = True
+    # A large model's string that lacks the separators of the form its description shows by
+    # examples ("San Francisco" for 'City, State') goes on from the separator (large_values.py).
+    described_forms: bool = True
     # The large model's values drafted from the small model's and from the request: the same
     # values, fewer passes of the large model (large_values.py).
     value_drafts: bool = True
@@ -91,8 +92,7 @@ class CascadeOptions:
         return cls(**{stage: False for stage in stages})
 
     def large_value_kinds(self) -> tuple[str, ...]:
-        on = {"string": self.large_values, "choice": self.large_choices, "number": self.large_numbers,
-              "keys": self.large_keys}
+        on = {"string": self.large_values, "choice": self.large_choices, "number": self.large_numbers}
         return tuple(kind for kind, enabled in on.items() if enabled)
 
 
@@ -373,7 +373,7 @@ class HyFuncMethod:
                 drafts = self.options.value_drafts
                 writer = LargeValueWriter(self.large, encoding.state, kinds=kinds,
                                           draft_source=request if drafts else "", model_drafts=drafts,
-                                          request=request)
+                                          request=request, described_forms=self.options.described_forms)
             # "No tool fits" is the retriever's decision: once it has selected tools, the small
             # model writes at least one call (left to choose, it refused far too often).
             out = self.decoder.decode(

@@ -68,17 +68,15 @@ class ValueWriter(Protocol):
 
     model_drafts: bool
 
-    def string(self, text_so_far: str, draft: str | None = None) -> str | None:
-        """A free string's content; `text_so_far` ends with its opening quote."""
+    def string(self, text_so_far: str, draft: str | None = None, examples: Sequence[str] = ()) -> str | None:
+        """A free string's content; `text_so_far` ends with its opening quote; `examples`: those of
+        the form the parameter's description shows (grounding.described_examples)."""
 
     def choice(self, text_so_far: str, options: Sequence[str]) -> int | None:
         """Which enum member (options: their JSON texts) follows `text_so_far`."""
 
     def number(self, text_so_far: str, integer: bool, draft: str | None = None) -> str | None:
         """A number's JSON text to follow `text_so_far`."""
-
-    def optional_key(self, text_so_far: str, keys: Sequence[str], first: bool) -> int | None:
-        """An optional key (index into `keys`, names) the object goes on with; None: the model decides."""
 
 
 class Session:

@@ -100,7 +100,6 @@ class Vocab:
         z = lambda: torch.zeros(size, dtype=torch.bool)  # noqa: E731
         safe, opened, closing = [z(), z()], [z(), z()], [z(), z()]
         starts: dict[str, torch.Tensor] = {c: torch.zeros(size, dtype=torch.bool) for c in '"[]{},'}
-        spaced: dict[str, torch.Tensor] = {c: torch.zeros(size, dtype=torch.bool) for c in '"[]{},'}
         self.num_tokens: list[tuple[int, str]] = []
         for i, s in enumerate(self.strings):
             if s is None:
@@ -112,15 +111,11 @@ class Vocab:
                     (safe, opened, closing)[kind][state][i] = True
             if s[0] in starts:
                 starts[s[0]][i] = True
-            lead = s.lstrip(" ")
-            if lead and lead[0] in spaced:
-                spaced[lead[0]][i] = True
             if all(ch in NUM_CHARS for ch in s):
                 self.num_tokens.append((i, s))
         self.str_safe, self.str_open, self.str_closing = safe, opened, closing
         self.str_any = [safe[st] | opened[st] | closing[st] for st in (0, 1)]
         self.starts = starts
-        self.starts_spaced = spaced  # the same, after any leading spaces: how free text goes on (" ,")
         self.terminators = starts[","] | starts["}"] | starts["]"]
         self.quote_id: int | None = min(self.by_string.get('"', [None]))  # a string's plain closing token
         self._num: dict[tuple[bool, str], tuple[torch.Tensor, dict[int, str]]] = {}

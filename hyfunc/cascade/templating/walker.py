@@ -18,6 +18,7 @@ from hyfunc.cascade.templating.drafting import DECISION, Follow, mention_order
 from hyfunc.cascade.templating.session import Session, TemplateError
 from hyfunc.cascade.templating.vocab import NUMBER_ACCEPT
 from hyfunc.formats.calls import Call
+from hyfunc.formats.grounding import described_examples
 from hyfunc.formats.schema import Param, Tool
 from hyfunc.formats.validate import TYPE_CHECKS
 
@@ -176,11 +177,8 @@ class Walker:
             g = None
             if self.teacher:
                 g = next((j for j, k in enumerate(remaining) if k in gold), len(remaining))
-            j = s.write_value.optional_key(s.text, remaining, first) if s.write_value is not None else None
-            if j is not None:  # the writer adds a key
-                s.inject(opts[j])
-            else:  # guessed: no more optional keys
-                j = s.choose(opts, g, [len(remaining), *range(len(remaining))], [DECISION] * len(remaining) + [follow])
+            # Guessed: no more optional keys.
+            j = s.choose(opts, g, [len(remaining), *range(len(remaining))], [DECISION] * len(remaining) + [follow])
             if j == len(remaining):
                 return
             k = remaining[j]
@@ -286,7 +284,7 @@ class Walker:
         if self.teacher and not TYPE_CHECKS[p.type](gold):
             raise TemplateError(f"{where}: expected {p.type}, got {gold!r}")
         if p.type == "string":
-            self.string(gold, follow, value=True)
+            self.string(gold, follow, value=True, examples=described_examples(p.description))
         elif p.type in ("integer", "number"):
             self.number(p.type == "integer", gold, where, follow, value=True)
         elif p.type == "array":
@@ -294,15 +292,15 @@ class Walker:
         else:
             self.object_props(p.properties, p.required, gold, where, follow)
 
-    def string(self, gold: Any, follow: Follow = DECISION, value: bool = False) -> None:
+    def string(self, gold: Any, follow: Follow = DECISION, value: bool = False, examples: Sequence[str] = ()) -> None:
         """`value`: an argument's value (not an object key), which the session's `write_value`
-        (the large model) may write instead of the model."""
+        (the large model) may write instead of the model, in the form `examples` show."""
         s = self.s
         s.inject('"')
         if value and s.write_value is not None:
             head = s.text
             if self.written_value(  # the content and the closing quote
-                lambda draft: s.write_value.string(head, draft.removesuffix('"') if draft is not None else None),
+                lambda draft: s.write_value.string(head, draft.removesuffix('"') if draft is not None else None, examples),
                 lambda: self.string_content(gold, follow), lambda written: dumps(written)[1:],
             ):
                 return
