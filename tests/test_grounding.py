@@ -4,8 +4,7 @@ from __future__ import annotations
 from hyfunc.formats.calls import Call
 from hyfunc.formats.grounding import (
     NOT_COPIED, NOT_STATED, PERCENTAGE, SEPARATORS, described_examples, form_separators, padded_dates, separators_of,
-    stated_numbers,
-    ungrounded_values,
+    stated_numbers, ungrounded_values,
 )
 from hyfunc.formats.schema import parse_tools
 

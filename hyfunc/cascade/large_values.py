@@ -289,4 +289,3 @@ def _list_item(number: str, request: str) -> str:
         if "".join(items) == number and any(len(item) != 3 for item in items[1:]):
             return items[0]
     return number
-

@@ -79,6 +79,7 @@ def form_separators(examples: Sequence[str]) -> frozenset[str]:
 
 
 def separators_of(text: str) -> str:
+    """The separators of `text`, in order, leaving out a parenthesised note ("Boston, MA (USA)": ",")."""
     return _separators(text)
 
 

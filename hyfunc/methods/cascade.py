@@ -76,8 +76,9 @@ class CascadeOptions:
     large_values: bool = True
     large_choices: bool = True
     large_numbers: bool = True
-    # A large model's string that lacks the separators of the form its description shows by
-    # examples ("San Francisco" for 'City, State') goes on from the separator (large_values.py).
+    # A large model's string brought into the form its description shows by examples: with no
+    # separator where they have one ("San Francisco" for 'City, State') it goes on from the
+    # separator; ISO dates get two-digit months and days (large_values.py).
     described_forms: bool = True
     # The large model's values drafted from the small model's and from the request: the same
     # values, fewer passes of the large model (large_values.py).
