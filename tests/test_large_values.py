@@ -8,8 +8,9 @@ import json
 import pytest
 import torch
 
-from hyfunc.cascade.large_values import LargeValueWriter, _list_item, _number_value, _string_end
+from hyfunc.cascade.large_values import LargeValueWriter, _number_value, _string_end
 from hyfunc.cascade.templating import TemplateDecoder
+from hyfunc.formats.grounding import listed_item
 from hyfunc.formats.schema import parse_tools
 from hyfunc.formats.validate import argument_errors
 from tests.test_templating import TOOLS
@@ -162,7 +163,7 @@ def test_number_writing_stops_at_the_first_other_character(backend) -> None:
     ("510", "5 and 10", "510"), ("510", "", "510"), ("314", "3.14,15", "314"),
 ])
 def test_a_number_joining_a_listed_pair_is_the_lists_first_item(number: str, request_text: str, value: str) -> None:
-    assert _list_item(number, request_text) == value
+    assert listed_item(number, request_text) == value
 
 
 def test_the_writers_number_is_read_against_the_requests_lists(backend) -> None:

@@ -16,7 +16,7 @@ far up to a value, it writes the value itself, reading the description:
 - numbers: greedily, to the first character a JSON number cannot hold (`number`), when asked.
   The large model reads "5,10 and 15" as 510 (a comma between digits being, to it, a thousands
   separator); a number that joins the items of such a list, whose commas cannot be thousands
-  separators, is taken as the list's first item (`_list_item`); the items' own calls follow.
+  separators, is taken as the list's first item (grounding.listed_item); the items' own calls follow.
 
 The small model keeps every structural choice (which tools, how many calls, which optional keys,
 how many array items) and every value the writer declines. Which kinds the large model writes is
@@ -46,7 +46,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from hyfunc.cascade.templating.drafting import copy_draft_ids
-from hyfunc.formats.grounding import form_separators, padded_dates, separators_of
+from hyfunc.formats.grounding import form_separators, listed_item, padded_dates, separators_of
 from hyfunc.models.base import BackendBase, StepOutput
 
 KINDS = ("string", "choice", "number")
@@ -75,7 +75,7 @@ class LargeValueWriter:
         self.kinds = frozenset(kinds)
         self.draft_source, self.max_draft_tokens = draft_source, max_draft_tokens
         self.model_drafts = model_drafts
-        self.request = request  # numbers are read against its lists (`_list_item`)
+        self.request = request  # numbers are read against its lists (grounding.listed_item)
         self.described_forms = described_forms  # strings are brought into their described form (`string`)
         self._cache: Any = None
         self._seen = ""  # answer text the cache holds, after the prompt
@@ -155,7 +155,7 @@ class LargeValueWriter:
 
         value = self._timed(lambda: self._generate(
             head, lambda text: _number_end(text, gap), value_of, so_far, gap + draft if draft else ""))
-        return _list_item(value, self.request) if value is not None else None
+        return listed_item(value, self.request) if value is not None else None
 
     def choice(self, text_so_far: str, options: Sequence[str]) -> int | None:
         """The index of the option (JSON texts: enum members) whose tokens the large model finds
@@ -274,18 +274,3 @@ def _number_value(text: str, integer: bool) -> str | None:
     if not _JSON_NUMBER.fullmatch(text) or (integer and not re.fullmatch(r"-?\d+", text)):
         return None
     return text
-
-
-#: Numbers joined by commas ("5,10", "1,5,10"), not part of a decimal.
-_COMMA_LIST = re.compile(r"(?<![\d.,])\d+(?:,\d+)+(?![\d.]\d)")
-
-
-def _list_item(number: str, request: str) -> str:
-    """`number`, or the first item of the request's comma-joined list of numbers that it reads as
-    one number: "5,10" read as 510 gives 5. Commas before exactly three digits ("1,000") may be
-    thousands separators, so such a list is left as it is."""
-    for match in _COMMA_LIST.finditer(request):
-        items = match.group().split(",")
-        if "".join(items) == number and any(len(item) != 3 for item in items[1:]):
-            return items[0]
-    return number

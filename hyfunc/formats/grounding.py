@@ -38,6 +38,7 @@ _SPACE = re.compile(r"\s+")
 # A minus is the number's sign only where it is not a hyphen or a range's dash ("COVID-19", "10-20").
 _NUMBER = re.compile(r"((?<![\w.])[-\u2212])?(\d+(?:\.\d+)?)")
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
+_COMMA_LIST = re.compile(r"(?<![\d.,])\d+(?:,\d+)+(?![\d.]\d)")  # "5,10", "1,000": digits joined by commas
 _NUMBER_WORDS = {w: i for i, w in enumerate("zero one two three four five six seven eight nine ten eleven twelve".split())}
 
 SEPARATORS, NOT_COPIED, NOT_STATED, PERCENTAGE = "separators", "not copied", "number not stated", "percentage"
@@ -98,6 +99,17 @@ def padded_dates(value: str, examples: Sequence[str]) -> str:
         return f"{m[1]}-{month:02d}-{day:02d}" if 1 <= month <= 12 and 1 <= day <= 31 else m[0]
 
     return _LOOSE_DATE.sub(padded, value)
+
+
+def listed_item(number: str, request: str) -> str:
+    """`number`, or the first item of the request's comma-joined list of numbers that it reads as
+    one number: "5,10" read as 510 gives 5. A list whose commas may all be thousands separators
+    ("1,000") is one number, left as it is."""
+    for match in _COMMA_LIST.finditer(request):
+        span = match.group()
+        if span.replace(",", "") == number and _THOUSANDS.sub("", span) != number:
+            return span.split(",")[0]
+    return number
 
 
 def stated_numbers(text: str) -> set[float]:

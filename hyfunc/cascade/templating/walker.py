@@ -284,7 +284,7 @@ class Walker:
         if self.teacher and not TYPE_CHECKS[p.type](gold):
             raise TemplateError(f"{where}: expected {p.type}, got {gold!r}")
         if p.type == "string":
-            self.string(gold, follow, value=True, examples=described_examples(p.description))
+            self.string(gold, follow, value=True, description=p.description)
         elif p.type in ("integer", "number"):
             self.number(p.type == "integer", gold, where, follow, value=True)
         elif p.type == "array":
@@ -292,13 +292,13 @@ class Walker:
         else:
             self.object_props(p.properties, p.required, gold, where, follow)
 
-    def string(self, gold: Any, follow: Follow = DECISION, value: bool = False, examples: Sequence[str] = ()) -> None:
+    def string(self, gold: Any, follow: Follow = DECISION, value: bool = False, description: str = "") -> None:
         """`value`: an argument's value (not an object key), which the session's `write_value`
-        (the large model) may write instead of the model, in the form `examples` show."""
+        (the large model) may write instead of the model, in the form `description` shows."""
         s = self.s
         s.inject('"')
         if value and s.write_value is not None:
-            head = s.text
+            head, examples = s.text, described_examples(description)
             if self.written_value(  # the content and the closing quote
                 lambda draft: s.write_value.string(head, draft.removesuffix('"') if draft is not None else None, examples),
                 lambda: self.string_content(gold, follow), lambda written: dumps(written)[1:],
