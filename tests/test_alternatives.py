@@ -26,6 +26,9 @@ RESISTANCE = "the resistance of a 5m wire with an area of 0.01m² and a resistiv
     ("tigers in Bangladesh and India", ["Bangladesh"], [], "india"),
     ("any music or theater events", ["Music"], [], "theater"),  # the request's spelling decides the shape
     ("flights from New York and Los Angeles", ["New York"], [], "los angeles"),
+    ("the length and the width of a rectangle", ["length"], [], "width"),  # articles are not values
+    ("the length and the width of a rectangle", ["width"], [], "length"),
+    ("the price of apples and a discount", ["apples"], [], None),  # the value has no article
     # a neighbour of another shape: capitalised against lower case, a word against a number, filler
     ("a restaurant in New York and suggest a hotel", ["New York"], [], None),
     ("a wire of 5m and copper", ["5"], [], None),

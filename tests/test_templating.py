@@ -419,3 +419,31 @@ def test_an_array_item_repeating_an_earlier_one_is_taken_back_and_the_array_clos
     assert arguments["tags"] == [",,,"]  # the second ",,," was taken back and the array closed
     assert len(arguments["counts"]) == 5  # numbers may repeat on purpose: no guard, up to the cap
     assert out.text == json.dumps([{"name": "tag", "arguments": arguments}])
+
+
+FLOAT_TOOLS = parse_tools([{  # a BFCL doc: "float" is a Python float, "number" stays JSON's
+    "name": "area", "parameters": {"type": "dict", "properties": {
+        "width": {"type": "float"}, "bounds": {"type": "array", "items": {"type": "float"}},
+        "scale": {"type": "number"},
+    }, "required": ["width", "bounds", "scale"]},
+}])
+
+
+def test_declared_floats_are_written_as_floats(backend):
+    gold = [Call("area", {"width": 2, "bounds": [1, 3.5], "scale": 2})]
+    assert render_target(gold, FLOAT_TOOLS) == (
+        '[{"name": "area", "arguments": {"width": 2.0, "bounds": [1.0, 3.5], "scale": 2}}]'
+    )
+    ids, _ = target_token_mask(backend, gold, FLOAT_TOOLS)  # training targets: the same text
+    assert backend.decode(ids) == render_target(gold, FLOAT_TOOLS)
+    written = 0
+    for seed in range(12):
+        g = torch.Generator().manual_seed(seed)
+        w = Wrapped(backend, lambda l, pos, g=g: torch.randn(l.shape[0], generator=g) * 4)
+        out = TemplateDecoder(w, max_calls=2, max_array_items=3).decode(w.start("area?"), FLOAT_TOOLS)
+        check_output(backend, out, FLOAT_TOOLS)
+        for c in out.calls:
+            floats = [c.arguments["width"], *c.arguments["bounds"]]
+            assert all(type(x) is float for x in floats), out.text
+            written += len(floats)
+    assert written

@@ -84,6 +84,11 @@ class Param:
     def has_default(self) -> bool:
         return self.default is not NO_DEFAULT
 
+    @property
+    def is_float(self) -> bool:
+        """A number the source declares as a float ("float", "double"): a float value, not an integer."""
+        return self.type == "number" and self.source_type.lower() in ("float", "double")
+
     def to_json_schema(self) -> dict[str, Any]:
         # JSON Schema has no "any" type name: leaving "type" out is how it says "anything".
         out: dict[str, Any] = {} if self.type == "any" else {"type": self.type}

@@ -6,8 +6,8 @@ another call instead of letting the model close the list; the model then writes 
 usual (the repeat guard still takes back a call that repeats an earlier one).
 
 Only same-shaped neighbours count: a number next to a number, or a phrase of as many words with
-the same capitalisation, joined by "and", "or", "&" or a comma; filler words never count. Only an
-argument's own value lists alternatives: the items of an array value are the tool taking the list
+the same capitalisation, joined by "and", "or", "&" or a comma (and an article where the value has
+one); filler words never count. Only an argument's own value lists alternatives: the items of an array value are the tool taking the list
 itself ("points per game, assists and minutes per game" as one `stats_fields` array)."""
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ from typing import Any, Iterable
 
 _JOIN = r"(?:\s*,\s*(?:and|or)\s+|\s*,\s*|\s+(?:and|or|&)\s+)"
 _NUMBER = r"-?\d+(?:\.\d+)?"
+# "the length and the width": where the value has an article, so may its listed neighbour.
+_ARTICLE = r"(?:(?:the|a|an)\s+)"
 _MAX_WORDS = 3
 # Words that join or frame a phrase rather than name a value.
 _FILLER = frozenset(
@@ -67,11 +69,14 @@ def _shape_of(text: str) -> tuple[int, bool] | None:
 
 def _neighbours(request: str, start: int, end: int, number: bool, words: int) -> list[str]:
     item = _NUMBER if number else r"[^\W\d_]+(?:\s+[^\W\d_]+){%d}" % (words - 1)
+    article = re.search(r"(?<!\w)" + _ARTICLE + "$", request[:start], re.IGNORECASE)
+    join = _JOIN + (_ARTICLE + "?" if article else "")
     found = []
-    after = re.match(_JOIN + r"(" + item + r")(?!\w)", request[end:], re.IGNORECASE)
+    after = re.match(join + r"(" + item + r")(?!\w)", request[end:], re.IGNORECASE)
     if after:
         found.append(after.group(1))
-    before = re.search(r"(?<!\w)(" + item + r")" + _JOIN + r"$", request[:start], re.IGNORECASE)
+    before_text = request[: article.start()] if article else request[:start]
+    before = re.search(r"(?<!\w)(" + item + r")" + _JOIN + r"$", before_text, re.IGNORECASE)
     if before:
         found.append(before.group(1))
     return found

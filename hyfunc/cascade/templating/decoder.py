@@ -132,6 +132,8 @@ def _ordered(value: Any, p: Param | None) -> Any:
         return [_ordered(x, p.items) for x in value]
     if isinstance(value, tuple):
         return list(value)
+    if p is not None and p.is_float and type(value) is int:
+        return float(value)  # as the walker writes it
     return value
 
 
@@ -145,7 +147,8 @@ def _ordered_args(args: dict[str, Any], props: dict[str, Param], required: Seque
 def render_target(calls: Sequence[Call], tools: Sequence[Tool]) -> str:
     """Gold calls in exactly the text the decoder emits: ``json.dumps`` (", " and ": " separators,
     non-ASCII kept) of ``[{"name", "arguments"}]``, arguments (and nested objects with
-    properties) ordered required keys first in schema order, then optional keys in schema order.
+    properties) ordered required keys first in schema order, then optional keys in schema order;
+    integers where the schema declares a float ("float", "double") as floats.
     ``[]`` for no calls. Calls naming tools outside `tools` keep their argument order."""
     by_name = {t.name: t for t in tools}
     out = []

@@ -286,7 +286,12 @@ class Walker:
         if p.type == "string":
             self.string(gold, follow, value=True, description=p.description)
         elif p.type in ("integer", "number"):
+            start = len(s.text)
             self.number(p.type == "integer", gold, where, follow, value=True)
+            if p.is_float and not any(ch in ".eE" for ch in s.text[start:]):
+                # A declared float is written as one: "1" would read back as an integer, which
+                # BFCL's checker rejects inside a list of floats (and a typed caller may too).
+                s.inject(".0")
         elif p.type == "array":
             self.array(p.items, gold, where, depth)
         else:
