@@ -436,7 +436,7 @@ def test_declared_floats_are_written_as_floats(backend):
     )
     ids, _ = target_token_mask(backend, gold, FLOAT_TOOLS)  # training targets: the same text
     assert backend.decode(ids) == render_target(gold, FLOAT_TOOLS)
-    written = 0
+    written = integral = 0
     for seed in range(12):
         g = torch.Generator().manual_seed(seed)
         w = Wrapped(backend, lambda l, pos, g=g: torch.randn(l.shape[0], generator=g) * 4)
@@ -446,4 +446,5 @@ def test_declared_floats_are_written_as_floats(backend):
             floats = [c.arguments["width"], *c.arguments["bounds"]]
             assert all(type(x) is float for x in floats), out.text
             written += len(floats)
-    assert written
+            integral += sum(x.is_integer() for x in floats)
+    assert written and integral  # integral values occurred, and came out as floats

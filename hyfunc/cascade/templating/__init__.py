@@ -20,7 +20,8 @@ restricted to what is allowed at that point) chooses:
   remaining optional keys, in schema order, or ``}``);
 - the values, under type constraints: string (free tokens that are valid JSON string content,
   ending with a token that ends exactly with the closing quote; capped), integer and number (the
-  JSON number grammar as a character automaton), boolean/enum/null (tries over JSON encodings),
+  JSON number grammar as a character automaton; a declared float written without a fraction gets
+  ``.0``), boolean/enum/null (tries over JSON encodings),
   arrays (items recursively, ``, ``/``]`` chosen after each item; capped), objects with
   properties (like the arguments), free objects and ``any`` (a small depth-limited JSON grammar).
 

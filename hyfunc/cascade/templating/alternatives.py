@@ -7,8 +7,9 @@ usual (the repeat guard still takes back a call that repeats an earlier one).
 
 Only same-shaped neighbours count: a number next to a number, or a phrase of as many words with
 the same capitalisation, joined by "and", "or", "&" or a comma (and an article where the value has
-one); filler words never count. Only an argument's own value lists alternatives: the items of an array value are the tool taking the list
-itself ("points per game, assists and minutes per game" as one `stats_fields` array)."""
+one); filler words never count. Only an argument's own value lists alternatives: the items of an
+array value are the tool taking the list itself ("points per game, assists and minutes per game" as
+one `stats_fields` array)."""
 from __future__ import annotations
 
 import json
