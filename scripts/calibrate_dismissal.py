@@ -4,7 +4,7 @@ must not), the ChatterBot corpus's off-topic requests and hyfunc's held-out off-
 shown the tools of a random fc-train call request (seeded). `hyfunc prepare` sets the threshold when it
 trains a gate; this script sets it on a gate trained before it existed (the shipped one).
 
-    python scripts/calibrate_dismissal.py --gate hyfunc/data/cascade/off_topic --data ../shared/data/fc-train \
+    python scripts/calibrate_dismissal.py --gate hyfunc/data/cascade/off_topic --data hyfunc/data/fc-train \
         --out reports/dismissal/calibration.json
 """
 from __future__ import annotations
@@ -15,6 +15,7 @@ import random
 import sys
 from pathlib import Path
 
+from hyfunc.data import FC_TRAIN
 from hyfunc.cascade.data import load_examples, off_topic_requests
 from hyfunc.cascade.off_topic import OffTopicGate, calibrate_dismissal
 from hyfunc.eval.provenance import provenance
@@ -24,7 +25,7 @@ from hyfunc.eval.refusal import held_out_off_topic
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gate", required=True, help="an off-topic gate directory: its manifest is rewritten")
-    parser.add_argument("--data", nargs="+", default=["../shared/data/fc-train"])
+    parser.add_argument("--data", nargs="+", default=[str(FC_TRAIN)])
     parser.add_argument("--max-false-dismissals", type=float, default=None, help="default: the gate's own setting")
     parser.add_argument("--out", required=True, help="the report (JSON)")
     parser.add_argument("--seed", type=int, default=0)

@@ -1,7 +1,7 @@
 """The cascade and its variants on fc-train's validation split (never BFCL): exact calls per call
 pattern, side by side with one shared large pass per request.
 
-    python scripts/fc_validation.py --data ../shared/data/fc-train --limit 90 --ablations large_values \
+    python scripts/fc_validation.py --data hyfunc/data/fc-train --limit 90 --ablations large_values \
         --out reports/large-values/fc-validation.json
 
 Requests with calls, offered their own tools, sampled with equal shares per call pattern (single,
@@ -10,7 +10,7 @@ distinct tools, one tool repeated) as `hyfunc prepare` samples; exact = `same_ca
 path: selector + the cascade's small model, no large model) answers too, and each cascade variant's
 agreement with it is reported: the share of requests ODIA's mining would label simple.
 
-    python scripts/fc_validation.py --data ../shared/data/fc-train --limit 90 --ablations large_values \
+    python scripts/fc_validation.py --data hyfunc/data/fc-train --limit 90 --ablations large_values \
         --small-path --out reports/large-values/small-path-agreement.json
 """
 from __future__ import annotations

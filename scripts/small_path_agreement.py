@@ -23,6 +23,7 @@ import sys
 import time
 from pathlib import Path
 
+from hyfunc.data import FC_TRAIN
 from hyfunc.cascade.data import load_examples, split_examples
 from hyfunc.eval.provenance import provenance
 from hyfunc.formats.calls import Call, same_calls
@@ -35,7 +36,7 @@ from hyfunc.routing.router import Router
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reference", required=True, help="a fc_validation.py report (its rows give requests and cascade answers)")
-    parser.add_argument("--data", nargs="+", default=["../shared/data/fc-train"])
+    parser.add_argument("--data", nargs="+", default=[str(FC_TRAIN)])
     parser.add_argument("--version", required=True)
     parser.add_argument("--engine", default="auto")
     parser.add_argument("--artifact", default=str(DEFAULT_ARTIFACT),

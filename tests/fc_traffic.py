@@ -1,4 +1,4 @@
-"""Real-shaped traffic for the mining and router tests, built from ../shared/data/fc-train.
+"""Real-shaped traffic for the mining and router tests, built from the bundled fc-train (hyfunc/data/fc-train).
 
 Each example becomes one logged request: its query as the user turn, its tools as OpenAI tools,
 and its gold calls as the *large path's* answer (a stand-in for a large model that answers this
@@ -10,25 +10,17 @@ from __future__ import annotations
 import json
 import random
 import re
-from pathlib import Path
 from typing import Any
 
 from hyfunc.routing.mining import SmallOutput
 from hyfunc.routing.record import ServedRequest
+from hyfunc.data import FC_TRAIN
 from hyfunc.formats.messages import request_text
-
-FC_TRAIN = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "fc-train"
-FC_TRAIN_FALLBACK = Path("/work/shared/data/fc-train")
-
-
-def fc_train_dir() -> Path:
-    return FC_TRAIN if FC_TRAIN.is_dir() else FC_TRAIN_FALLBACK
-
 
 def load_examples(n: int, seed: int = 0) -> list[dict]:
     """n examples drawn without replacement from all sources, in a seeded random order."""
     examples: list[dict] = []
-    for path in sorted(fc_train_dir().glob("*.jsonl")):
+    for path in sorted(FC_TRAIN.glob("*.jsonl")):
         examples.extend(json.loads(line) for line in path.read_text().splitlines() if line.strip())
     random.Random(seed).shuffle(examples)
     return examples[:n]

@@ -12,8 +12,8 @@ from hyfunc.formats.schema import parse_tools
 from hyfunc.methods.small import NEAR_FIT_MARGIN, SmallMethod
 from hyfunc.models.minilm import MiniLMEmbedder
 from hyfunc.cascade.selector import ToolSelector, identity_selector, prepare_selector
+from hyfunc.data import FC_TRAIN
 from hyfunc.routing.mining import method_small_path
-from tests.fc_traffic import fc_train_dir
 from tests.test_serve_sdk import TOOLS
 from tests.tiny_models import tiny_backend
 
@@ -22,7 +22,7 @@ WEATHER = [{"role": "user", "content": "What is the weather like in Paris today?
 
 def fc_subset(directory: Path, n: int, seed: int = 0) -> Path:
     """n fc-train examples (all sources, seeded) in one JSON Lines file: a quick training set."""
-    examples = [json.loads(line) for p in sorted(fc_train_dir().glob("*.jsonl"))
+    examples = [json.loads(line) for p in sorted(FC_TRAIN.glob("*.jsonl"))
                 for line in p.read_text().splitlines() if line.strip()]
     random.Random(seed).shuffle(examples)
     directory.mkdir(parents=True, exist_ok=True)
