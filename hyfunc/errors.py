@@ -6,6 +6,9 @@ and keeps its traceback. Each kind also derives from the built-in type callers a
 """
 from __future__ import annotations
 
+import importlib
+from types import ModuleType
+
 
 class UserError(Exception):
     """Something the user can fix; the message says what and how, in one line."""
@@ -17,3 +20,13 @@ class InputError(UserError, ValueError):
 
 class SetupError(UserError, RuntimeError):
     """A missing or unusable installation piece (weights, the BFCL checker, a device)."""
+
+
+def require_extra(module: str, extra: str, purpose: str) -> ModuleType:
+    """Import `module`, an optional dependency; missing, it is a SetupError naming the extra that
+    installs it, so a command fails in one line before it loads any model."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        raise SetupError(f"{purpose} needs {err.name or module}, which is not installed: "
+                         f"pip install 'hyfunc[{extra}]'") from None

@@ -21,6 +21,7 @@ from typing import Sequence
 
 from hyfunc.cascade.data import Example, load_examples, split_examples
 from hyfunc.errors import InputError
+from hyfunc.eval.plots import pyplot
 from hyfunc.eval.provenance import provenance, provenance_markdown
 from hyfunc.formats.calls import same_calls
 from hyfunc.formats.schema import Tool
@@ -94,10 +95,7 @@ def run_library_benchmark(methods: dict, examples: list[Example], tools: list[To
 
 
 def write_library_report(result: dict, out_dir: str | Path) -> dict[str, Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -36,6 +36,7 @@ from tqdm.auto import tqdm
 from hyfunc.cascade.data import Example, load_examples, split_examples
 from hyfunc.cascade.selector import ToolSelector, default_selector_dir
 from hyfunc.errors import InputError
+from hyfunc.eval.plots import pyplot
 from hyfunc.eval.provenance import provenance, provenance_markdown
 from hyfunc.formats.calls import same_calls
 from hyfunc.formats.schema import Tool
@@ -208,10 +209,7 @@ def run_odia_bench(cascade: Any, artifact: str | Path, direct: dict[str, Any], d
 def write_odia_report(result: dict, out: str | Path) -> dict[str, Path]:
     """odia_bench.json, odia_bench.md (one row per cycle) and odia_bench.png (share, agreement,
     accuracy and latency over the cycles, against the cascade and the direct large model)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     out = Path(out)
     paths = {"json": out / "odia_bench.json", "md": out / "odia_bench.md", "png": out / "odia_bench.png"}

@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 
 from hyfunc.cascade.data import load_examples, split_examples
 from hyfunc.eval.library import library_examples
+from hyfunc.eval.plots import pyplot
 from hyfunc.eval.provenance import provenance, provenance_markdown
 from hyfunc.formats.calls import render_json_calls, same_calls
 from hyfunc.formats.schema import Tool, parse_tools
@@ -96,10 +97,7 @@ def run_refusal_benchmark(methods: dict[str, Any], sets: dict[str, Any]) -> dict
 
 
 def write_refusal_report(result: dict, out_dir: str | Path) -> dict[str, Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -12,6 +12,7 @@ import numpy as np
 
 from hyfunc.cascade.retriever import exact_set_accuracy, recall_at_k, refusal_accuracy
 from hyfunc.errors import InputError
+from hyfunc.eval.plots import pyplot
 from hyfunc.eval.provenance import provenance_markdown
 from hyfunc.eval.records import read_case_records
 
@@ -128,10 +129,7 @@ def write_reports(summary: dict, out_dir: str | Path) -> dict[str, Path]:
 
 def plot_accuracy_latency(summaries: dict[str, dict], path: str | Path) -> Path:
     """Accuracy vs median latency: one point per (method, category), overall as a big marker."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(8, 5.5))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]

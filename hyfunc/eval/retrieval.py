@@ -22,6 +22,7 @@ from hyfunc.cascade.data import Example, load_examples, split_examples
 from hyfunc.cascade.library import PerFunctionLibrary, in_library
 from hyfunc.cascade.retriever import Retriever, recall_at_k
 from hyfunc.cascade.soft_token import SoftTokenEncoder
+from hyfunc.eval.plots import pyplot
 from hyfunc.eval.provenance import provenance, provenance_markdown
 from hyfunc.formats.schema import Tool
 
@@ -99,10 +100,7 @@ def run_retrieval_benchmark(
 
 def write_retrieval_report(result: dict, out_dir: str | Path, ks=(1, 3, 5)) -> dict[str, Path]:
     """retrieval.json, retrieval.md (a table per retriever) and retrieval.png (recall@k bars)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

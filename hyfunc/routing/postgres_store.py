@@ -52,9 +52,9 @@ class PostgresStore(SQLStore):
         try:
             import psycopg
             from psycopg_pool import ConnectionPool
-        except ImportError as e:  # a broken install, not a user error; still say what to do
-            raise StoreError(f"PostgreSQL store needs psycopg 3 and psycopg_pool ({e}); "
-                             "pip install 'psycopg[binary,pool]'") from None
+        except ImportError as e:  # an optional dependency: say which extra installs it
+            raise StoreError(f"a PostgreSQL store needs {e.name or 'psycopg'}, which is not installed: "
+                             "pip install 'hyfunc[postgres]'") from None
         self._psycopg = psycopg
         self.url = redact(url)
         self._timeout = timeout
