@@ -3,6 +3,8 @@
 Every case goes through the entry point `main([...])`, as a user's command would.
 """
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -11,7 +13,8 @@ import torch
 
 from hyfunc.cli import USER_ERRORS, main
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
 TOOLS = str(EXAMPLES / "tools.json")
 
 
@@ -79,7 +82,7 @@ def test_unsupported_category_lists_the_supported_ones(capsys):
 
 
 def test_the_loader_and_the_command_line_share_one_category_list():
-    from hyfunc.cli_checks import check_bfcl_inputs
+    from hyfunc.cli.checks import check_bfcl_inputs
     from hyfunc.eval import bfcl
 
     # "simple" (the v3 name) and "live_relevance" are read by the loader: the CLI accepts them too.
@@ -185,9 +188,40 @@ def test_prepare_on_the_three_line_example_says_it_is_too_little(tmp_path, capsy
 
 
 def test_ablations_take_stages_joined_by_plus(capsys):
-    from hyfunc.cli import _ablation
+    from hyfunc.cli.parsers import ablation_spec
 
-    assert _ablation("large_choices+large_numbers") == "large_choices+large_numbers"
+    assert ablation_spec("large_choices+large_numbers") == "large_choices+large_numbers"
     with pytest.raises(SystemExit) as exit_info:
         main(["eval", "bfcl", "--ablations", "large_values+nope", "--categories", "multiple"])
     assert exit_info.value.code == 2 and "unknown stage 'nope'" in capsys.readouterr().err
+
+
+#: What answering loads; `hyfunc --help` and a typo must not wait for it.
+HEAVY_MODULES = ("torch", "transformers", "numpy", "fastapi", "uvicorn", "psycopg", "matplotlib", "peft", "llama_cpp")
+
+EVERY_HELP = """
+import argparse, contextlib, io, sys
+from hyfunc.cli import main
+from hyfunc.cli.parsers import build_parser
+
+def format_helps(parser):
+    parser.format_help()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for command in action.choices.values():
+                format_helps(command)
+
+format_helps(build_parser())
+with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):
+    main(["--help"])
+print(" ".join(sorted(set(HEAVY) & set(sys.modules))))
+"""
+
+
+def test_the_parser_and_its_help_import_no_model_code():
+    # A fresh interpreter: this test process has imported torch already.
+    script = f"HEAVY = {HEAVY_MODULES!r}\n{EVERY_HELP}"
+    run = subprocess.run([sys.executable, "-c", script], env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "", f"imported by building the parser: {run.stdout.strip()}"

@@ -8,7 +8,7 @@ import torch
 
 from hyfunc.cascade.prepare import PrepareConfig, prepare
 from hyfunc.cli import main
-from hyfunc.cli_checks import format_answer
+from hyfunc.cli.checks import format_answer
 from hyfunc.formats.calls import Call, parse_python_calls
 from hyfunc.formats.tools_file import read_tools_file
 from hyfunc.formats.validate import argument_errors

@@ -26,7 +26,7 @@ from hyfunc.models.registry import DEFAULT_LARGE, check_model_name
 
 CALL_FORMATS = ("json", "openai", "python")
 
-#: Options of `_add_method_args` (and `eval bfcl`) that only one method reads: option -> method.
+#: Options of `parsers._add_method_args` (and `eval bfcl`) that only one method reads: option -> method.
 #: Their argparse defaults are "not given" (None or empty), so a value here means the user typed it.
 _METHOD_ONLY = {
     "model": ("--model", "direct", "the cascade's models are those of its --artifact"),
