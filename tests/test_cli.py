@@ -26,6 +26,27 @@ def run(capsys, *argv: str) -> tuple[int, str]:
     return code, err.strip()
 
 
+def test_version_is_the_installed_distributions(capsys):
+    from importlib import metadata
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out == f"hyfunc {metadata.version('hyfunc')}\n"
+
+
+def test_version_of_a_source_tree_never_installed(monkeypatch):
+    from importlib import metadata
+
+    import hyfunc
+
+    def not_installed(name):
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(metadata, "version", not_installed)
+    assert hyfunc._version() == "0+unknown"
+
+
 def test_models_lists_the_default_aliases(capsys):
     assert main(["models"]) == 0
     out = capsys.readouterr().out

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 
+import hyfunc
 from hyfunc.cli.checks import CALL_FORMATS
 from hyfunc.formats.bfcl import ALIASES, CATEGORIES, EXTRA_CATEGORIES
 from hyfunc.methods import ABLATABLE, METHODS, PROMPT_STYLES
@@ -36,6 +37,7 @@ def ablation_spec(spec: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hyfunc", description="Requests + tools -> function calls.")
+    parser.add_argument("--version", action="version", version=f"hyfunc {hyfunc.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_answer_parsers(sub)
     _add_eval_parser(sub)
