@@ -150,8 +150,8 @@ def test_models_prepare_of_an_unknown_name_fails(capsys):
         (["call", "--tools", TOOLS, "--query", "hi", "--model", "smollm2-135m"], "--model applies to --method direct only"),
         (["demo", "--style", "native"], "--style applies to --method direct only"),
         (["demo", "--method", "direct", "--artifact", "x"], "--artifact applies to --method hyfunc only"),
-        (["demo", "--method", "direct", "--ablate", "retriever"], "--ablate applies to --method hyfunc only"),
-        (["serve", "--method", "direct", "--ablate", "retriever"], "--ablate applies to --method hyfunc only"),
+        (["eval", "bfcl", "--method", "direct", "--ablate", "retriever", "--categories", "multiple"],
+         "--ablate applies to --method hyfunc only"),
         (["eval", "bfcl", "--method", "direct", "--ablations", "retriever", "--categories", "multiple"],
          "--ablations applies to --method hyfunc only"),
         (["eval", "bfcl", "--method", "direct", "--with-cascade", "x", "--categories", "multiple"],
@@ -161,6 +161,13 @@ def test_models_prepare_of_an_unknown_name_fails(capsys):
 def test_options_of_the_other_method_are_refused(capsys, argv, message):
     code, err = run(capsys, *argv)
     assert code == 2 and message in err
+
+
+@pytest.mark.parametrize("command", [["demo"], ["call", "--tools", TOOLS, "--query", "hi"], ["serve"]])
+def test_stage_switches_are_for_the_benchmarks_only(capsys, command):
+    with pytest.raises(SystemExit) as exit_info:
+        main([*command, "--ablate", "retriever"])
+    assert exit_info.value.code == 2 and "unrecognized arguments: --ablate retriever" in capsys.readouterr().err
 
 
 def test_missing_artifact_directory_is_a_clear_error(tmp_path, capsys):

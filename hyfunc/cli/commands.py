@@ -35,9 +35,10 @@ def build_method(args: argparse.Namespace):
     with steps(f"loading {args.method}", total=1) as progress:
         progress.next("models")
         # A fixed tool library (demo, call) is read once; BFCL cases each bring their own tools.
+        # Only `eval bfcl` switches stages off (--ablate): an experiment, not a user's setting.
         method = load_method(
             args.method, model=args.model or DEFAULT_LARGE, style=args.style or "auto", device=args.device,
-            prefix_caching=args.prefix_caching, artifact=args.artifact, ablate=tuple(args.ablate),
+            prefix_caching=args.prefix_caching, artifact=args.artifact, ablate=tuple(getattr(args, "ablate", ())),
             engine=args.engine, small_engine=args.small_engine,
         )
     models = [m for m in (getattr(method, "large", None), getattr(method, "small", None), getattr(method, "backend", None)) if m]
@@ -179,9 +180,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if not _loopback(args.host) and not args.api_key:
         print(f"warning: listening on {args.host} without an API key; anyone who can reach it can use the models",
               file=sys.stderr)
-    if args.ablate and args.method != "hyfunc":
-        print("error: --ablate applies to --method hyfunc only (direct prompting has no stages to switch off)", file=sys.stderr)
-        return 2
     config = ServeConfig(
         served_model=args.served_model_name, api_key=args.api_key, max_queue=args.max_queue,
         max_body_bytes=args.max_body_bytes, request_timeout=args.request_timeout, max_tokens_cap=args.max_tokens,
@@ -195,7 +193,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # prefix_caching: the direct method reads a fixed tool library once (exact KV reuse).
         method = load_method(
             args.method, model=args.model, style=args.style, device=args.device, prefix_caching=True, artifact=args.artifact,
-            ablate=tuple(args.ablate), engine=args.engine, small_engine=args.small_engine,
+            engine=args.engine, small_engine=args.small_engine,
         )
         print(f"loaded {method.name} in {time.perf_counter() - start:.1f}s; serving as {args.served_model_name!r}",
               file=sys.stderr)

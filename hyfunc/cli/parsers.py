@@ -56,10 +56,6 @@ def _add_method_args(parser: argparse.ArgumentParser, prefix_caching: bool) -> N
     parser.add_argument(
         "--artifact", help="cascade directory made by `hyfunc prepare` (method hyfunc; default: the shipped one)"
     )
-    parser.add_argument(
-        "--ablate", nargs="+", default=[], choices=ABLATABLE,
-        help="switch cascade stages off (method hyfunc)",
-    )
     # No defaults here: an option given with a method it does not apply to is refused (checks.py).
     parser.add_argument(
         "--model", default=None, help=f"alias, local path or Hugging Face id (method direct; default {DEFAULT_LARGE})"
@@ -105,6 +101,10 @@ def _add_eval_parser(sub: argparse._SubParsersAction) -> None:
     eval_sub = evaluate.add_subparsers(dest="benchmark", required=True)
     bfcl = eval_sub.add_parser("bfcl", help="score on BFCL with the official checker")
     _add_method_args(bfcl, prefix_caching=False)
+    # Stage switches are experiments: only the benchmarks take them, not demo, call or serve.
+    bfcl.add_argument(
+        "--ablate", nargs="+", default=[], choices=ABLATABLE, help="switch these cascade stages off (method hyfunc)",
+    )
     bfcl.add_argument(
         "--categories", nargs="+",
         help=f"default: {' '.join(CATEGORIES)}; also {' '.join(EXTRA_CATEGORIES + list(ALIASES))}",
@@ -269,11 +269,6 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--method", default="hyfunc", choices=METHODS, help="answering method (default: the cascade)")
     serve.add_argument("--artifact", help="cascade directory made by `hyfunc prepare` (default: the shipped one)")
-    serve.add_argument(
-        "--ablate", nargs="+", default=[], choices=ABLATABLE,
-        help="switch cascade stages off; on a CPU without AMX, `large_values large_choices large_numbers` trades "
-        "some accuracy for speed (reports/cpu-llamacpp/library-ablation)",
-    )
     serve.add_argument("--model", default=DEFAULT_LARGE, help="model of method direct: alias, local path or Hugging Face id")
     serve.add_argument("--style", default="auto", choices=["auto", *PROMPT_STYLES], help="prompting style (method direct)")
     serve.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
