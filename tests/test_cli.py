@@ -188,13 +188,56 @@ def test_unknown_baseline_model_is_refused_before_the_cascade_loads(capsys):
 
 def test_prepare_with_missing_or_empty_data(tmp_path, capsys):
     code, err = run(capsys, "prepare", "--data", str(tmp_path / "nope"), "--out", str(tmp_path / "a"))
-    assert code == 2 and "does not exist" in err
+    assert code == 2 and f"--data {tmp_path / 'nope'}: no such file or directory" in err
     code, err = run(capsys, "prepare", "--data", str(tmp_path), "--out", str(tmp_path / "a"))
     assert code == 2 and "holds no .jsonl file" in err
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"id": "1", "query": "q", "tools": [], "answers": [{"name": "f"}]}) + "\n")
     code, err = run(capsys, "prepare", "--data", str(bad), "--out", str(tmp_path / "a"))
     assert code == 2 and "bad.jsonl:1: answer calls 'f', which is not among the tools" in err
+
+
+DATA_COMMANDS = [
+    ["prepare", "--out", "unused"], ["bench", "library"], ["bench", "retriever"], ["bench", "small-retrieval"],
+    ["bench", "odia"], ["bench", "refusal"], ["bench", "serve", "--url", "http://127.0.0.1:1"],
+    ["odia", "selector", "--out", "unused"],
+]
+
+
+@pytest.mark.parametrize("command", DATA_COMMANDS, ids=lambda c: " ".join(c[:2]))
+def test_the_bundled_training_data_is_the_default(command):
+    from hyfunc.cli.parsers import build_parser
+    from hyfunc.data import FC_TRAIN
+
+    assert build_parser().parse_args(command).data == [str(FC_TRAIN)]
+
+
+def test_the_retriever_benchmark_reads_the_bundled_library_by_default():
+    from hyfunc.cli.parsers import build_parser
+    from hyfunc.data import TOOL_LIBRARY
+
+    assert build_parser().parse_args(["bench", "retriever"]).library == str(TOOL_LIBRARY)
+
+
+def test_prepare_runs_without_data(tmp_path, capsys):
+    # No --data: argparse takes the default, and the command goes on to its own checks.
+    code, err = run(capsys, "prepare", "--gate-only", "--out", str(tmp_path))
+    assert code == 2 and "is not a prepared cascade" in err
+
+
+@pytest.mark.parametrize("command", DATA_COMMANDS, ids=lambda c: " ".join(c[:2]))
+def test_missing_data_says_how_to_get_data(capsys, command):
+    code, err = run(capsys, *command, "--data", "nope.jsonl")
+    assert code == 2 and err == (
+        "error: --data nope.jsonl: no such file or directory; the bundled training data is the default "
+        "(omit --data), or give JSON Lines files of query/tools/answers"
+    )
+
+
+@pytest.mark.parametrize("command", [["bench", "retriever"], ["bench", "odia"], ["prepare", "--out", "unused"]])
+def test_missing_library_is_a_clear_error(capsys, command):
+    code, err = run(capsys, *command, "--library", "nope.jsonl")
+    assert code == 2 and err.startswith("error: --library nope.jsonl: no such file or directory; give JSON Lines")
 
 
 def test_bad_thread_count(capsys, monkeypatch):

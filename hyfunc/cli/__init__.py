@@ -10,7 +10,7 @@ import importlib
 import sys
 from typing import Callable
 
-from hyfunc.cli.checks import one_line
+from hyfunc.cli.checks import check_input_paths, one_line
 from hyfunc.cli.parsers import build_parser
 from hyfunc.errors import UserError
 
@@ -28,6 +28,7 @@ def handler(spec: str) -> Callable[[argparse.Namespace], int]:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        check_input_paths(args)
         return handler(args.handler)(args)
     except USER_ERRORS as err:
         # The one place that turns an error the user can fix into one line (see hyfunc/errors.py).

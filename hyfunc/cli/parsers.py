@@ -11,6 +11,7 @@ import os
 
 import hyfunc
 from hyfunc.cli.checks import CALL_FORMATS
+from hyfunc.data import FC_TRAIN, TOOL_LIBRARY
 from hyfunc.formats.bfcl import ALIASES, CATEGORIES, EXTRA_CATEGORIES
 from hyfunc.methods import ABLATABLE, METHODS, PROMPT_STYLES
 from hyfunc.models.engines import DEFAULT_ENGINE, ENGINES
@@ -33,6 +34,11 @@ def ablation_spec(spec: str) -> str:
     if unknown:
         raise argparse.ArgumentTypeError(f"unknown stage {unknown[0]!r}; stages: {', '.join(ABLATABLE)}")
     return spec
+
+
+def _add_data_arg(parser: argparse.ArgumentParser, what: str) -> None:
+    """`--data`: fc-train JSON Lines files or directories of them, the bundled fc-train by default."""
+    parser.add_argument("--data", nargs="+", default=[str(FC_TRAIN)], help=f"{what} (default: the bundled fc-train)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -139,7 +145,7 @@ def _add_bench_parser(sub: argparse._SubParsersAction) -> None:
     bench = sub.add_parser("bench", help="latency benchmarks")
     bench_sub = bench.add_subparsers(dest="benchmark", required=True)
     lib = bench_sub.add_parser("library", help="fixed tool library (server case): cascade vs direct, both with a KV cache")
-    lib.add_argument("--data", nargs="+", required=True, help="fc-train files or directories (held-out examples are used)")
+    _add_data_arg(lib, "fc-train files or directories (held-out examples are used)")
     lib.add_argument("--requests", type=int, default=12, help="held-out examples; their tools form the library")
     lib.add_argument("--artifact", help="cascade directory (default: the shipped one)")
     lib.add_argument(
@@ -158,8 +164,11 @@ def _add_bench_parser(sub: argparse._SubParsersAction) -> None:
     lib.set_defaults(handler=f"{BENCHMARKS}:cmd_bench_library")
 
     ret = bench_sub.add_parser("retriever", help="recall@k and search latency of the retriever over a whole tool library")
-    ret.add_argument("--library", required=True, help="JSON Lines of tool schemas (or a directory of them)")
-    ret.add_argument("--data", nargs="+", required=True, help="fc-train files; held-out requests whose tools are in the library")
+    ret.add_argument(
+        "--library", default=str(TOOL_LIBRARY),
+        help="JSON Lines of tool schemas, or a directory of them (default: the bundled Seal-Tools library)",
+    )
+    _add_data_arg(ret, "fc-train files or directories; held-out requests whose tools are in the library")
     ret.add_argument("--limit", type=int, default=None, help="at most N requests")
     ret.add_argument("--artifact", help="cascade directory (default: the shipped one)")
     ret.add_argument("--device", default=None)
@@ -168,7 +177,7 @@ def _add_bench_parser(sub: argparse._SubParsersAction) -> None:
 
     small = bench_sub.add_parser(
         "small-retrieval", help="the small path's tool selector (MiniLM + BM25) vs the cascade's retriever, recall@k")
-    small.add_argument("--data", nargs="+", required=True, help="fc-train files or directories (the validation split is used)")
+    _add_data_arg(small, "fc-train files or directories (the validation split is used)")
     small.add_argument("--selector", default=None, help="selector directory (`hyfunc odia selector`; default: the shipped one)")
     small.add_argument("--artifact", help="cascade directory (default: the shipped one)")
     small.add_argument("--limit", type=int, default=None, help="at most N held-out requests with tools (plus their refusal examples)")
@@ -181,7 +190,7 @@ def _add_bench_parser(sub: argparse._SubParsersAction) -> None:
     _add_bench_odia_parser(bench_sub)
 
     refusal = bench_sub.add_parser("refusal", help="the off-topic gate: small talk refused vs calls kept, with and without it")
-    refusal.add_argument("--data", nargs="+", required=True, help="fc-train files or directories (the validation split is used)")
+    _add_data_arg(refusal, "fc-train files or directories (the validation split is used)")
     refusal.add_argument("--artifact", default=None, help="cascade directory with an off-topic gate (default: the shipped one)")
     refusal.add_argument("--calls", type=int, default=60, help="held-out fc-train call requests")
     refusal.add_argument("--library-requests", type=int, default=10, help="requests of the fixed-library set (as bench library)")
@@ -193,7 +202,7 @@ def _add_bench_parser(sub: argparse._SubParsersAction) -> None:
 
     serve = bench_sub.add_parser("serve", help="load test of running `hyfunc serve` servers (concurrency 1/4/16)")
     serve.add_argument("--url", nargs="+", required=True, help="servers to compare, e.g. the cascade and direct prompting")
-    serve.add_argument("--data", nargs="+", required=True, help="fc-train files or directories: tools and requests")
+    _add_data_arg(serve, "fc-train files or directories: tools and requests")
     serve.add_argument("--requests", type=int, default=32, help="requests per concurrency level")
     serve.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
     serve.add_argument("--model", default="hyfunc", help="model id sent")
@@ -206,7 +215,7 @@ def _add_bench_parser(sub: argparse._SubParsersAction) -> None:
 
 def _add_bench_odia_parser(bench_sub: argparse._SubParsersAction) -> None:
     parser = bench_sub.add_parser("odia", help="learning from traffic, simulated: share, agreement, accuracy, latency over cycles")
-    parser.add_argument("--data", nargs="+", required=True, help="fc-train files or directories (never BFCL)")
+    _add_data_arg(parser, "fc-train files or directories (never BFCL)")
     parser.add_argument("--library", default=None, help="one fixed tool library for every request (JSON Lines); default: own tools")
     parser.add_argument("--artifact", default=None, help="the cascade (default: the shipped one)")
     parser.add_argument("--selector", default=None, help="the small path's tool selector (default: the shipped one)")
@@ -239,7 +248,7 @@ def _add_prepare_parser(sub: argparse._SubParsersAction) -> None:
     prep = sub.add_parser("prepare", help="train a cascade (embeddings, retriever, small model); resumable")
     prep.add_argument("--large", default=DEFAULT_LARGE, help="large model (soft token, function embeddings)")
     prep.add_argument("--small", default=DEFAULT_SMALL, help="small model (writes the argument values)")
-    prep.add_argument("--data", nargs="+", required=True, help="training JSON Lines files or directories (never BFCL)")
+    _add_data_arg(prep, "training JSON Lines files or directories (never BFCL)")
     prep.add_argument("--out", required=True, help="artifact directory (re-run the same command to resume)")
     prep.add_argument("--epochs", type=int, default=1, help="small-model fine-tuning epochs")
     prep.add_argument("--lora-rank", type=int, default=16, help="LoRA rank of the small model; 0 trains the projector only")
@@ -335,7 +344,7 @@ def _add_odia_parser(sub: argparse._SubParsersAction) -> None:
     train.set_defaults(handler=f"{ODIA}:cmd_train_router")
 
     selector = odia_sub.add_parser("selector", help="train and calibrate the small path's tool selector (MiniLM + BM25) on fc-train")
-    selector.add_argument("--data", nargs="+", required=True, help="fc-train files or directories (never BFCL)")
+    _add_data_arg(selector, "fc-train files or directories (never BFCL)")
     selector.add_argument("--out", required=True, help="selector directory")
     selector.add_argument("--identity", action="store_true", help="no training: MiniLM's cosine as it is, calibrated")
     selector.add_argument("--epochs", type=int, default=30)
