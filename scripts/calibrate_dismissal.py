@@ -4,8 +4,7 @@ must not), the ChatterBot corpus's off-topic requests and hyfunc's held-out off-
 shown the tools of a random fc-train call request (seeded). `hyfunc prepare` sets the threshold when it
 trains a gate; this script sets it on a gate trained before it existed (the shipped one).
 
-    python scripts/calibrate_dismissal.py --gate hyfunc/data/cascade/off_topic --data ../shared/data/fc-train \
-        --out reports/dismissal/calibration.json
+    python scripts/calibrate_dismissal.py --gate hyfunc/data/cascade/off_topic --out reports/dismissal/calibration.json
 """
 from __future__ import annotations
 
@@ -17,6 +16,7 @@ from pathlib import Path
 
 from hyfunc.cascade.data import load_examples, off_topic_requests
 from hyfunc.cascade.off_topic import OffTopicGate, calibrate_dismissal
+from hyfunc.data import FC_TRAIN
 from hyfunc.eval.provenance import provenance
 from hyfunc.eval.refusal import held_out_off_topic
 
@@ -24,7 +24,7 @@ from hyfunc.eval.refusal import held_out_off_topic
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gate", required=True, help="an off-topic gate directory: its manifest is rewritten")
-    parser.add_argument("--data", nargs="+", default=["../shared/data/fc-train"])
+    parser.add_argument("--data", nargs="+", default=[str(FC_TRAIN)])
     parser.add_argument("--max-false-dismissals", type=float, default=None, help="default: the gate's own setting")
     parser.add_argument("--out", required=True, help="the report (JSON)")
     parser.add_argument("--seed", type=int, default=0)

@@ -12,6 +12,7 @@ import argparse
 
 from tqdm import tqdm
 
+from hyfunc.data import FC_TRAIN
 from hyfunc.eval.odia_bench import OdiaBenchConfig, scenario
 from hyfunc.methods.cascade import DEFAULT_ARTIFACT, HyFuncMethod
 from hyfunc.routing.recording import RecordedMethod
@@ -22,7 +23,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, required=True, help="requests to serve")
     parser.add_argument("--store", required=True, help="SQLite path or postgresql:// URL")
-    parser.add_argument("--data", nargs="+", default=["../shared/data/fc-train"])
+    parser.add_argument("--data", nargs="+", default=[str(FC_TRAIN)])
     parser.add_argument("--engine", default="auto")
     args = parser.parse_args()
 

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from hyfunc.cascade.data import load_examples, split_examples
+from hyfunc.data import FC_TRAIN
 from hyfunc.eval.provenance import provenance
 from hyfunc.formats.calls import Call, same_calls
 from hyfunc.methods.cascade import DEFAULT_ARTIFACT
@@ -35,7 +36,7 @@ from hyfunc.routing.router import Router
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reference", required=True, help="a fc_validation.py report (its rows give requests and cascade answers)")
-    parser.add_argument("--data", nargs="+", default=["../shared/data/fc-train"])
+    parser.add_argument("--data", nargs="+", default=[str(FC_TRAIN)])
     parser.add_argument("--version", required=True)
     parser.add_argument("--engine", default="auto")
     parser.add_argument("--artifact", default=str(DEFAULT_ARTIFACT),

@@ -15,7 +15,7 @@ same run on the same machine.
   wall-clock latency (mean, median, p90). Systems measured together answer each request in
   turn, so their latency ratios hold even if the machine's speed drifts over a long run.
 - Scenarios: each request with its own tools (default, quick), or one fixed library for every
-  request (`--library`, e.g. ../shared/data/tool-library/sealtools.jsonl with the requests whose
+  request (`--library`, e.g. the bundled Seal-Tools library, hyfunc.data.TOOL_LIBRARY, with the requests whose
   gold tools are in it: the server case at scale). A library too large for a prompt is offered
   to the direct model through the small path's tool selector (hyfunc.methods.preselected).
 """
