@@ -4,8 +4,7 @@ must not), the ChatterBot corpus's off-topic requests and hyfunc's held-out off-
 shown the tools of a random fc-train call request (seeded). `hyfunc prepare` sets the threshold when it
 trains a gate; this script sets it on a gate trained before it existed (the shipped one).
 
-    python scripts/calibrate_dismissal.py --gate hyfunc/data/cascade/off_topic --data hyfunc/data/fc-train \
-        --out reports/dismissal/calibration.json
+    python scripts/calibrate_dismissal.py --gate hyfunc/data/cascade/off_topic --out reports/dismissal/calibration.json
 """
 from __future__ import annotations
 
@@ -15,9 +14,9 @@ import random
 import sys
 from pathlib import Path
 
-from hyfunc.data import FC_TRAIN
 from hyfunc.cascade.data import load_examples, off_topic_requests
 from hyfunc.cascade.off_topic import OffTopicGate, calibrate_dismissal
+from hyfunc.data import FC_TRAIN
 from hyfunc.eval.provenance import provenance
 from hyfunc.eval.refusal import held_out_off_topic
 

@@ -1,8 +1,7 @@
 """The cascade and its variants on fc-train's validation split (never BFCL): exact calls per call
 pattern, side by side with one shared large pass per request.
 
-    python scripts/fc_validation.py --data hyfunc/data/fc-train --limit 90 --ablations large_values \
-        --out reports/large-values/fc-validation.json
+    python scripts/fc_validation.py --limit 90 --ablations large_values --out reports/large-values/fc-validation.json
 
 Requests with calls, offered their own tools, sampled with equal shares per call pattern (single,
 distinct tools, one tool repeated) as `hyfunc prepare` samples; exact = `same_calls` with gold
@@ -10,8 +9,8 @@ distinct tools, one tool repeated) as `hyfunc prepare` samples; exact = `same_ca
 path: selector + the cascade's small model, no large model) answers too, and each cascade variant's
 agreement with it is reported: the share of requests ODIA's mining would label simple.
 
-    python scripts/fc_validation.py --data hyfunc/data/fc-train --limit 90 --ablations large_values \
-        --small-path --out reports/large-values/small-path-agreement.json
+    python scripts/fc_validation.py --limit 90 --ablations large_values --small-path \
+        --out reports/large-values/small-path-agreement.json
 """
 from __future__ import annotations
 
@@ -27,6 +26,7 @@ from tqdm.auto import tqdm
 
 from hyfunc.cascade.data import call_pattern, load_examples, sample_by_pattern, split_examples
 from hyfunc.cascade.selector import ToolSelector, default_selector_dir
+from hyfunc.data import FC_TRAIN
 from hyfunc.eval.provenance import provenance
 from hyfunc.formats.calls import Call, same_calls
 from hyfunc.methods.cascade import DEFAULT_ARTIFACT, CascadeOptions, HyFuncMethod
@@ -36,7 +36,7 @@ from hyfunc.routing.routed import SharedEmbedder
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", nargs="+", required=True)
+    parser.add_argument("--data", nargs="+", default=[str(FC_TRAIN)])
     parser.add_argument("--artifact", default=str(DEFAULT_ARTIFACT))
     parser.add_argument("--limit", type=int, default=90)
     parser.add_argument("--ablations", nargs="*", default=[], help="CascadeOptions switched off, one variant each (a+b: both off in one)")

@@ -8,8 +8,7 @@ llama.cpp takes about two hours (~450k tokens at ~60 tokens/s); a quarter of it 
 quarter of that cost. Fewer distractors make retrieval easier: results on a subset are not the full
 library's.
 
-    python scripts/library_subset.py --library hyfunc/data/tool-library/sealtools.jsonl \
-        --data hyfunc/data/fc-train --stream 120 --held-out 32 --size 1024 --out /tmp/sealtools-1024.jsonl
+    python scripts/library_subset.py --stream 120 --held-out 32 --size 1024 --out /tmp/sealtools-1024.jsonl
 """
 from __future__ import annotations
 
@@ -18,14 +17,14 @@ import json
 import random
 from pathlib import Path
 
-from hyfunc.data import FC_TRAIN
 from hyfunc.cascade.library import load_library
+from hyfunc.data import FC_TRAIN, TOOL_LIBRARY
 from hyfunc.eval.odia_bench import OdiaBenchConfig, scenario
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--library", required=True)
+    parser.add_argument("--library", default=str(TOOL_LIBRARY))
     parser.add_argument("--data", nargs="+", default=[str(FC_TRAIN)])
     parser.add_argument("--stream", type=int, default=120)
     parser.add_argument("--held-out", type=int, default=32)

@@ -9,15 +9,15 @@ from pathlib import Path
 
 import torch
 
-from hyfunc.data import FC_TRAIN
 from hyfunc.cascade.data import load_examples, split_examples
 from hyfunc.cascade.prepare import PrepareConfig, train_small
 from hyfunc.cascade.small_model import build_small_prompt
+from hyfunc.data import FC_TRAIN
 from hyfunc.models.backend import Backend
 from hyfunc.routing.distil import distil_items
 
 ckpt = sys.argv[1] == "ckpt"  # "plain" or "ckpt"
-train, _ = split_examples(load_examples([str(FC_TRAIN)]))
+train, _ = split_examples(load_examples([FC_TRAIN]))
 callers = [ex for ex in train if ex.answers]
 small = Backend("qwen-coder-0.5b", dtype=torch.float32)
 longest = sorted(callers, key=lambda ex: -len(build_small_prompt(small, ex.query, ex.tools, with_soft_token=False)))[:4]

@@ -23,8 +23,8 @@ import sys
 import time
 from pathlib import Path
 
-from hyfunc.data import FC_TRAIN
 from hyfunc.cascade.data import load_examples, split_examples
+from hyfunc.data import FC_TRAIN
 from hyfunc.eval.provenance import provenance
 from hyfunc.formats.calls import Call, same_calls
 from hyfunc.methods.cascade import DEFAULT_ARTIFACT

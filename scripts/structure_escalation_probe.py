@@ -11,8 +11,8 @@ tools' schemas, not repeats) are appended. Rows are written after every request.
 import json, sys, time, statistics
 import torch
 from tqdm.auto import tqdm
-from hyfunc.data import FC_TRAIN
 from hyfunc.cascade.data import call_pattern, load_examples, sample_by_pattern, split_examples
+from hyfunc.data import FC_TRAIN
 from hyfunc.formats.bfcl import bfcl_prompt_messages
 from hyfunc.formats.calls import CallParseError, parse_python_calls, render_python_calls, same_calls
 from hyfunc.formats.validate import argument_errors
@@ -20,7 +20,7 @@ from hyfunc.methods.cascade import DEFAULT_ARTIFACT, HyFuncMethod
 
 def main():
     limit, out = int(sys.argv[1]), sys.argv[2]
-    _, val = split_examples(load_examples([str(FC_TRAIN)]))
+    _, val = split_examples(load_examples([FC_TRAIN]))
     callers = [ex for ex in val if ex.answers and ex.tools]
     requests = sample_by_pattern(callers, limit, 0) if limit < len(callers) else callers
     cascade = HyFuncMethod.load(DEFAULT_ARTIFACT)

@@ -3,6 +3,8 @@
 Every case goes through the entry point `main([...])`, as a user's command would.
 """
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -11,7 +13,8 @@ import torch
 
 from hyfunc.cli import USER_ERRORS, main
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
 TOOLS = str(EXAMPLES / "tools.json")
 
 
@@ -21,6 +24,27 @@ def run(capsys, *argv: str) -> tuple[int, str]:
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1, err  # that line and nothing else
     return code, err.strip()
+
+
+def test_version_is_the_installed_distributions(capsys):
+    from importlib import metadata
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out == f"hyfunc {metadata.version('hyfunc')}\n"
+
+
+def test_version_of_a_source_tree_never_installed(monkeypatch):
+    from importlib import metadata
+
+    import hyfunc
+
+    def not_installed(name):
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(metadata, "version", not_installed)
+    assert hyfunc._version() == "0+unknown"
 
 
 def test_models_lists_the_default_aliases(capsys):
@@ -79,7 +103,7 @@ def test_unsupported_category_lists_the_supported_ones(capsys):
 
 
 def test_the_loader_and_the_command_line_share_one_category_list():
-    from hyfunc.cli_checks import check_bfcl_inputs
+    from hyfunc.cli.checks import check_bfcl_inputs
     from hyfunc.eval import bfcl
 
     # "simple" (the v3 name) and "live_relevance" are read by the loader: the CLI accepts them too.
@@ -126,8 +150,8 @@ def test_models_prepare_of_an_unknown_name_fails(capsys):
         (["call", "--tools", TOOLS, "--query", "hi", "--model", "smollm2-135m"], "--model applies to --method direct only"),
         (["demo", "--style", "native"], "--style applies to --method direct only"),
         (["demo", "--method", "direct", "--artifact", "x"], "--artifact applies to --method hyfunc only"),
-        (["demo", "--method", "direct", "--ablate", "retriever"], "--ablate applies to --method hyfunc only"),
-        (["serve", "--method", "direct", "--ablate", "retriever"], "--ablate applies to --method hyfunc only"),
+        (["eval", "bfcl", "--method", "direct", "--ablate", "retriever", "--categories", "multiple"],
+         "--ablate applies to --method hyfunc only"),
         (["eval", "bfcl", "--method", "direct", "--ablations", "retriever", "--categories", "multiple"],
          "--ablations applies to --method hyfunc only"),
         (["eval", "bfcl", "--method", "direct", "--with-cascade", "x", "--categories", "multiple"],
@@ -137,6 +161,13 @@ def test_models_prepare_of_an_unknown_name_fails(capsys):
 def test_options_of_the_other_method_are_refused(capsys, argv, message):
     code, err = run(capsys, *argv)
     assert code == 2 and message in err
+
+
+@pytest.mark.parametrize("command", [["demo"], ["call", "--tools", TOOLS, "--query", "hi"], ["serve"]])
+def test_stage_switches_are_for_the_benchmarks_only(capsys, command):
+    with pytest.raises(SystemExit) as exit_info:
+        main([*command, "--ablate", "retriever"])
+    assert exit_info.value.code == 2 and "unrecognized arguments: --ablate retriever" in capsys.readouterr().err
 
 
 def test_missing_artifact_directory_is_a_clear_error(tmp_path, capsys):
@@ -157,13 +188,56 @@ def test_unknown_baseline_model_is_refused_before_the_cascade_loads(capsys):
 
 def test_prepare_with_missing_or_empty_data(tmp_path, capsys):
     code, err = run(capsys, "prepare", "--data", str(tmp_path / "nope"), "--out", str(tmp_path / "a"))
-    assert code == 2 and "does not exist" in err
+    assert code == 2 and f"--data {tmp_path / 'nope'}: no such file or directory" in err
     code, err = run(capsys, "prepare", "--data", str(tmp_path), "--out", str(tmp_path / "a"))
     assert code == 2 and "holds no .jsonl file" in err
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"id": "1", "query": "q", "tools": [], "answers": [{"name": "f"}]}) + "\n")
     code, err = run(capsys, "prepare", "--data", str(bad), "--out", str(tmp_path / "a"))
     assert code == 2 and "bad.jsonl:1: answer calls 'f', which is not among the tools" in err
+
+
+DATA_COMMANDS = [
+    ["prepare", "--out", "unused"], ["bench", "library"], ["bench", "retriever"], ["bench", "small-retrieval"],
+    ["bench", "odia"], ["bench", "refusal"], ["bench", "serve", "--url", "http://127.0.0.1:1"],
+    ["odia", "selector", "--out", "unused"],
+]
+
+
+@pytest.mark.parametrize("command", DATA_COMMANDS, ids=lambda c: " ".join(c[:2]))
+def test_the_bundled_training_data_is_the_default(command):
+    from hyfunc.cli.parsers import build_parser
+    from hyfunc.data import FC_TRAIN
+
+    assert build_parser().parse_args(command).data == [str(FC_TRAIN)]
+
+
+def test_the_retriever_benchmark_reads_the_bundled_library_by_default():
+    from hyfunc.cli.parsers import build_parser
+    from hyfunc.data import TOOL_LIBRARY
+
+    assert build_parser().parse_args(["bench", "retriever"]).library == str(TOOL_LIBRARY)
+
+
+def test_prepare_runs_without_data(tmp_path, capsys):
+    # No --data: argparse takes the default, and the command goes on to its own checks.
+    code, err = run(capsys, "prepare", "--gate-only", "--out", str(tmp_path))
+    assert code == 2 and "is not a prepared cascade" in err
+
+
+@pytest.mark.parametrize("command", DATA_COMMANDS, ids=lambda c: " ".join(c[:2]))
+def test_missing_data_says_how_to_get_data(capsys, command):
+    code, err = run(capsys, *command, "--data", "nope.jsonl")
+    assert code == 2 and err == (
+        "error: --data nope.jsonl: no such file or directory; the bundled training data is the default "
+        "(omit --data), or give JSON Lines files of query/tools/answers"
+    )
+
+
+@pytest.mark.parametrize("command", [["bench", "retriever"], ["bench", "odia"], ["prepare", "--out", "unused"]])
+def test_missing_library_is_a_clear_error(capsys, command):
+    code, err = run(capsys, *command, "--library", "nope.jsonl")
+    assert code == 2 and err.startswith("error: --library nope.jsonl: no such file or directory; give JSON Lines")
 
 
 def test_bad_thread_count(capsys, monkeypatch):
@@ -185,9 +259,40 @@ def test_prepare_on_the_three_line_example_says_it_is_too_little(tmp_path, capsy
 
 
 def test_ablations_take_stages_joined_by_plus(capsys):
-    from hyfunc.cli import _ablation
+    from hyfunc.cli.parsers import ablation_spec
 
-    assert _ablation("large_choices+large_numbers") == "large_choices+large_numbers"
+    assert ablation_spec("large_choices+large_numbers") == "large_choices+large_numbers"
     with pytest.raises(SystemExit) as exit_info:
         main(["eval", "bfcl", "--ablations", "large_values+nope", "--categories", "multiple"])
     assert exit_info.value.code == 2 and "unknown stage 'nope'" in capsys.readouterr().err
+
+
+#: What answering loads; `hyfunc --help` and a typo must not wait for it.
+HEAVY_MODULES = ("torch", "transformers", "numpy", "fastapi", "uvicorn", "psycopg", "matplotlib", "peft", "llama_cpp")
+
+EVERY_HELP = """
+import argparse, contextlib, io, sys
+from hyfunc.cli import main
+from hyfunc.cli.parsers import build_parser
+
+def format_helps(parser):
+    parser.format_help()
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for command in action.choices.values():
+                format_helps(command)
+
+format_helps(build_parser())
+with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):
+    main(["--help"])
+print(" ".join(sorted(set(HEAVY) & set(sys.modules))))
+"""
+
+
+def test_the_parser_and_its_help_import_no_model_code():
+    # A fresh interpreter: this test process has imported torch already.
+    script = f"HEAVY = {HEAVY_MODULES!r}\n{EVERY_HELP}"
+    run = subprocess.run([sys.executable, "-c", script], env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "", f"imported by building the parser: {run.stdout.strip()}"

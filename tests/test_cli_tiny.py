@@ -8,7 +8,7 @@ import torch
 
 from hyfunc.cascade.prepare import PrepareConfig, prepare
 from hyfunc.cli import main
-from hyfunc.cli_checks import format_answer
+from hyfunc.cli.checks import format_answer
 from hyfunc.formats.calls import Call, parse_python_calls
 from hyfunc.formats.tools_file import read_tools_file
 from hyfunc.formats.validate import argument_errors
@@ -140,6 +140,16 @@ def test_eval_bfcl_cascade_records_its_config_and_artifact(cascade_dir, tmp_path
     assert set(meta["provenance"]["models"]) == {meta["method_config"]["large_model"], meta["method_config"]["small_model"]}
     (record,) = meta["provenance"]["artifacts"].values()
     assert len(record["manifest_sha256"]) == 64
+
+
+def test_eval_bfcl_switches_the_large_models_values_off(cascade_dir, tmp_path):
+    out = tmp_path / "run"
+    argv = ["eval", "bfcl", "--artifact", str(cascade_dir), "--ablate", "large_values", "large_choices", "large_numbers",
+            "--categories", "multiple", "--limit", "1", "--out", str(out)]
+    assert main(argv) == 0
+    options = json.loads((out / "results.json").read_text())["meta"]["method_config"]["options"]
+    assert not (options["large_values"] or options["large_choices"] or options["large_numbers"])
+    assert options["templating"] and options["retriever"]
 
 
 def test_cli_ablations_are_the_cascades_switches():

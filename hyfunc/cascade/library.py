@@ -1,4 +1,4 @@
-"""A tool library too large for one prompt (e.g. hyfunc/data/tool-library, ~4,000 tools).
+"""A tool library too large for one prompt (e.g. the bundled Seal-Tools library, hyfunc.data.TOOL_LIBRARY, ~4,000 tools).
 
 Read in per-function mode: each tool embedded in its own [instruction + tool] prompt (causal
 attention makes that the embedding it would have as the first tool of a list), and each request

@@ -15,7 +15,7 @@ same run on the same machine.
   wall-clock latency (mean, median, p90). Systems measured together answer each request in
   turn, so their latency ratios hold even if the machine's speed drifts over a long run.
 - Scenarios: each request with its own tools (default, quick), or one fixed library for every
-  request (`--library`, e.g. hyfunc/data/tool-library/sealtools.jsonl with the requests whose
+  request (`--library`, e.g. the bundled Seal-Tools library, hyfunc.data.TOOL_LIBRARY, with the requests whose
   gold tools are in it: the server case at scale). A library too large for a prompt is offered
   to the direct model through the small path's tool selector (hyfunc.methods.preselected).
 """
@@ -36,7 +36,6 @@ from tqdm.auto import tqdm
 from hyfunc.cascade.data import Example, load_examples, split_examples
 from hyfunc.cascade.selector import ToolSelector, default_selector_dir
 from hyfunc.errors import InputError
-from hyfunc.eval.plots import pyplot
 from hyfunc.eval.provenance import provenance, provenance_markdown
 from hyfunc.formats.calls import same_calls
 from hyfunc.formats.schema import Tool
@@ -209,7 +208,10 @@ def run_odia_bench(cascade: Any, artifact: str | Path, direct: dict[str, Any], d
 def write_odia_report(result: dict, out: str | Path) -> dict[str, Path]:
     """odia_bench.json, odia_bench.md (one row per cycle) and odia_bench.png (share, agreement,
     accuracy and latency over the cycles, against the cascade and the direct large model)."""
-    plt = pyplot()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
 
     out = Path(out)
     paths = {"json": out / "odia_bench.json", "md": out / "odia_bench.md", "png": out / "odia_bench.png"}

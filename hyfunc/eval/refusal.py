@@ -135,31 +135,3 @@ def write_refusal_report(result: dict, out_dir: str | Path) -> dict[str, Path]:
     fig.savefig(paths["png"], dpi=120)
     plt.close(fig)
     return paths
-
-
-def add_bench_refusal_parser(bench_sub: Any) -> None:
-    parser = bench_sub.add_parser("refusal", help="the off-topic gate: small talk refused vs calls kept, with and without it")
-    parser.add_argument("--data", nargs="+", required=True, help="fc-train files or directories (the validation split is used)")
-    parser.add_argument("--artifact", default=None, help="cascade directory with an off-topic gate (default: the shipped one)")
-    parser.add_argument("--calls", type=int, default=60, help="held-out fc-train call requests")
-    parser.add_argument("--library-requests", type=int, default=10, help="requests of the fixed-library set (as bench library)")
-    parser.add_argument("--device", default=None)
-    parser.add_argument("--engine", default="auto", help="engine of the cascade's models")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="reports/refusal", help="where refusal.{json,md,png} go")
-    parser.set_defaults(func=cmd_bench_refusal)
-
-
-def cmd_bench_refusal(args: Any) -> int:
-    from hyfunc.errors import InputError
-    from hyfunc.methods.cascade import DEFAULT_ARTIFACT, CascadeOptions, HyFuncMethod
-
-    sets = refusal_sets(args.data, args.calls, args.library_requests, args.seed)
-    cascade = HyFuncMethod.load(args.artifact or DEFAULT_ARTIFACT, device=args.device, large_engine=args.engine,
-                                small_engine=args.engine)
-    if cascade.gate is None:
-        raise InputError(f"{cascade.artifact} has no off-topic gate: add one with `hyfunc prepare --gate-only --out DIR`")
-    methods = {"with gate": cascade, "without gate": cascade.variant(CascadeOptions(off_topic_gate=False), "no-gate")}
-    paths = write_refusal_report(run_refusal_benchmark(methods, sets), args.out)
-    print(paths["md"].read_text())
-    return 0

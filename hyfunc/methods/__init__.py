@@ -1,8 +1,14 @@
 """Answering methods: each turns (messages, tools) into an `Answer`."""
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 from hyfunc.errors import InputError
 from hyfunc.methods.base import Answer, Method
+
+# Direct prompting's styles (hyfunc.methods.direct), here so that the command line lists them without torch.
+PromptStyle = Literal["bfcl", "native"]
+PROMPT_STYLES: tuple[str, ...] = get_args(PromptStyle)
 
 # The prompting style that scored best on BFCL per default model (reports/baseline/styles.md):
 # BFCL's own python-call prompt beat the native tool template for both Qwen-Coder models;
@@ -63,4 +69,4 @@ def load_method(
     return DirectMethod(backend, style=style, prefix_caching=prefix_caching)
 
 
-__all__ = ["Answer", "Method", "METHODS", "load_method", "PREFERRED_STYLE"]
+__all__ = ["Answer", "Method", "METHODS", "load_method", "PREFERRED_STYLE", "PROMPT_STYLES"]

@@ -9,7 +9,7 @@ Two prompting styles:
 from __future__ import annotations
 
 import re
-from typing import Callable, Literal, Sequence
+from typing import Callable, Sequence
 
 from hyfunc.errors import InputError
 from hyfunc.formats.bfcl import bfcl_prompt_messages
@@ -22,11 +22,9 @@ from hyfunc.formats.calls import (
 )
 from hyfunc.formats.schema import Tool
 from hyfunc.formats.validate import ArgumentError, argument_errors
+from hyfunc.methods import PROMPT_STYLES, PromptStyle
 from hyfunc.methods.base import Answer, calls_text
 from hyfunc.models.base import BackendBase, PrefixCache
-
-PromptStyle = Literal["bfcl", "native"]
-PROMPT_STYLES: tuple[str, ...] = ("bfcl", "native")
 
 
 _CALL_START = re.compile(r"^[\w.]+\(")

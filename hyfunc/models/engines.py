@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from hyfunc.errors import InputError
-from hyfunc.models.base import BackendBase
+
+if TYPE_CHECKING:  # torch loads with the backends, not with the engine names the command line reads
+    from hyfunc.models.base import BackendBase
 
 ENGINES: tuple[str, ...] = ("auto", "transformers", "llamacpp")
 DEFAULT_ENGINE = "auto"
@@ -70,6 +71,8 @@ def load_backend(
 
         lora = cached_adapter_gguf(adapter, resolve_gguf(name)) if adapter is not None else None
         return LlamaCppBackend(name, lora=lora)
+    import torch
+
     from hyfunc.models.backend import Backend, default_dtype
 
     if adapter is None:

@@ -92,10 +92,6 @@ class RecordedMethod:
         return answer
 
 
-TRAFFIC_HELP = ("log every answer for learning from traffic: bare flag = the embedded SQLite file in "
-                "$HYFUNC_HOME, or a SQLite path / postgresql://user@host/db (a log shared by several servers)")
-
-
 def traffic_log(flag: str | None) -> TrafficLog | None:
     """The log a `--traffic [URL]` flag asks for: None = off, "" (bare flag) = the embedded SQLite
     store, else a path or URL. A malformed URL raises StoreError now; a database that is down

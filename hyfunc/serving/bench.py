@@ -140,17 +140,3 @@ def run(args: argparse.Namespace) -> int:
                                   "streamed; latency of 200s only.\n\n" + "\n".join(lines) + "\n")
     print((out / "serve.md").read_text())
     return 0
-
-
-def add_bench_serve_parser(bench_subparsers: Any) -> None:
-    bench = bench_subparsers.add_parser("serve", help="load test of running `hyfunc serve` servers (concurrency 1/4/16)")
-    bench.add_argument("--url", nargs="+", required=True, help="servers to compare, e.g. the cascade and direct prompting")
-    bench.add_argument("--data", nargs="+", required=True, help="fc-train files or directories: tools and requests")
-    bench.add_argument("--requests", type=int, default=32, help="requests per concurrency level")
-    bench.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
-    bench.add_argument("--model", default="hyfunc", help="model id sent")
-    bench.add_argument("--api-key", default=None)
-    bench.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
-    bench.add_argument("--seed", type=int, default=0)
-    bench.add_argument("--out", default="reports/serve", help="where serve.{json,md} go")
-    bench.set_defaults(func=run)

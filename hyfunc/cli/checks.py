@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Sequence
 
 from hyfunc.cascade.manifest import MANIFEST
+from hyfunc.data import TOOL_LIBRARY
 from hyfunc.errors import InputError
 from hyfunc.formats.bfcl import canonical_category
 from hyfunc.formats.calls import (
@@ -26,7 +27,7 @@ from hyfunc.models.registry import DEFAULT_LARGE, check_model_name
 
 CALL_FORMATS = ("json", "openai", "python")
 
-#: Options of `_add_method_args` (and `eval bfcl`) that only one method reads: option -> method.
+#: Options of `parsers._add_method_args` (and `eval bfcl`) that only one method reads: option -> method.
 #: Their argparse defaults are "not given" (None or empty), so a value here means the user typed it.
 _METHOD_ONLY = {
     "model": ("--model", "direct", "the cascade's models are those of its --artifact"),
@@ -37,6 +38,24 @@ _METHOD_ONLY = {
     "with_cascade": ("--with-cascade", "hyfunc", "the cascades share the main cascade's large model"),
     "small_engine": ("--small-engine", "hyfunc", "direct prompting has no small model"),
 }
+
+
+#: Options that name input files or directories: option -> (flag, how to get such data).
+_INPUT_PATHS = {
+    "data": ("--data", "the bundled training data is the default (omit --data), or give JSON Lines files of "
+             "query/tools/answers"),
+    "library": ("--library", f"give JSON Lines of tool schemas or a directory of them (the bundled Seal-Tools "
+                f"library: {TOOL_LIBRARY})"),
+}
+
+
+def check_input_paths(args: argparse.Namespace) -> None:
+    """Every `--data` and `--library` path exists; a typo fails now, not after the models load."""
+    for attr, (flag, how) in _INPUT_PATHS.items():
+        value = getattr(args, attr, None)
+        for path in [value] if isinstance(value, str) else value or []:
+            if not Path(path).exists():
+                raise InputError(f"{flag} {path}: no such file or directory; {how}")
 
 
 def split_engine_spec(spec: str) -> tuple[str, list[str]]:

@@ -1,4 +1,4 @@
-"""`hyfunc odia ...`: the traffic log from the command line (feedback, stats, router training).
+"""Handlers of `hyfunc odia ...`: the traffic log from the command line (feedback, stats, router training).
 
 Every failure is one line on stderr and a non-zero exit code: 2 for bad input (unknown id, bad
 URL, missing store), 3 when the database cannot be reached.
@@ -12,85 +12,8 @@ import sys
 import time
 from dataclasses import asdict
 
-from hyfunc.routing.store import FEEDBACK, StoreError, StoreUnavailable, TrafficStore
+from hyfunc.routing.store import StoreError, StoreUnavailable, TrafficStore
 from hyfunc.routing.stores import open_store, parse_store_url
-
-STORE_HELP = ("traffic store: a SQLite file path or sqlite:///path, or postgresql://user@host/db "
-              "(default: traffic.sqlite in $HYFUNC_HOME)")
-
-
-def add_odia_parser(subparsers: argparse._SubParsersAction) -> None:
-    odia = subparsers.add_parser("odia", help="learning from traffic: the traffic log, feedback, routing")
-    sub = odia.add_subparsers(dest="odia_command", required=True)
-
-    feedback = sub.add_parser("feedback", help="mark a logged answer good or bad")
-    feedback.add_argument("request_id", help="the id the server returned with the answer")
-    feedback.add_argument("verdict", choices=FEEDBACK)
-    feedback.add_argument("--store", default=None, help=STORE_HELP)
-    feedback.set_defaults(func=cmd_feedback)
-
-    stats = sub.add_parser("stats", help="what the traffic log holds: requests per path and library, feedback")
-    stats.add_argument("--store", default=None, help=STORE_HELP)
-    stats.add_argument("--json", action="store_true", help="machine-readable output")
-    stats.set_defaults(func=cmd_stats)
-
-    train = sub.add_parser("train-router", help="train the router on mined labels (see hyfunc.routing.mining)")
-    train.add_argument("--store", default=None, help=STORE_HELP)
-    train.add_argument("--out", required=True, help="router directory (router.safetensors + router.json)")
-    train.add_argument("--target", type=float, default=0.99,
-                       help="agreement with the large path to keep on held-out traffic (default 0.99)")
-    train.add_argument("--holdout", type=float, default=0.3,
-                       help="the newest share of labelled traffic, held out to choose the threshold")
-    train.add_argument("--with-small-answer", action="store_true",
-                       help="also read the small path's answer (calls, confidence): route after it has run")
-    train.set_defaults(func=cmd_train_router)
-
-    selector = sub.add_parser("selector", help="train and calibrate the small path's tool selector (MiniLM + BM25) on fc-train")
-    selector.add_argument("--data", nargs="+", required=True, help="fc-train files or directories (never BFCL)")
-    selector.add_argument("--out", required=True, help="selector directory")
-    selector.add_argument("--identity", action="store_true", help="no training: MiniLM's cosine as it is, calibrated")
-    selector.add_argument("--epochs", type=int, default=30)
-    selector.add_argument("--seed", type=int, default=0)
-    selector.set_defaults(func=cmd_selector)
-
-    cycle = sub.add_parser("cycle", help="one gated update: distil -> mine -> router -> replay held-out traffic -> promote if not worse")
-    cycle.add_argument("--store", default=None, help=STORE_HELP)
-    cycle.add_argument("--artifact", default=None, help="the served cascade (its small model and adapter; default: the shipped one)")
-    cycle.add_argument("--out", default=None, help="versions directory (default: $HYFUNC_HOME/odia); serve it with --router")
-    cycle.add_argument("--every", default=None, metavar="PERIOD", help="run again every PERIOD (seconds, or 30m, 1h, 1d)")
-    cycle.add_argument("--window", default=None, metavar="PERIOD", help="only the traffic of the last PERIOD (default: all)")
-    cycle.add_argument("--target", type=float, default=0.99, help="agreement with the large path to keep (default 0.99)")
-    cycle.add_argument("--holdout", type=float, default=0.2, help="newest share of the window held out for the gate")
-    cycle.add_argument("--small-first", action="store_true",
-                       help="a router that reads the small path's answer (its confidence): served, every request runs "
-                            "the small path first and only doubtful answers go on to the cascade")
-    cycle.add_argument("--min-requests", type=int, default=100, help="fewer large-path requests: skip the cycle")
-    cycle.add_argument("--replay-data", nargs="*", default=[], help="fc-train files: a replay sample mixed into distillation")
-    cycle.add_argument("--replay-fraction", type=float, default=0.5, help="replay examples per teacher example")
-    cycle.add_argument("--distil-on", choices=("all", "agreed", "none"), default="all",
-                       help="teacher answers to distil: all, those the current small path already reproduces, "
-                            "or none (keep the small model, retrain the router)")
-    cycle.add_argument("--labelled", type=int, default=0, metavar="N",
-                       help="also score the small path against gold on N fc-train validation requests (from "
-                            "--replay-data); the gate refuses a candidate that loses accuracy there")
-    cycle.add_argument("--selector", default=None, help="the first version's tool selector (default: the shipped one)")
-    cycle.add_argument("--engine", default="transformers", help="engine the small path is measured on (as served)")
-    cycle.add_argument("--epochs", type=int, default=1, help="distillation epochs")
-    cycle.add_argument("--lora-rank", type=int, default=16, help="rank of a new adapter (a warm start keeps its own)")
-    cycle.add_argument("--max-items", type=int, default=None, help="distil on at most N teacher answers")
-    cycle.add_argument("--agreement-tolerance", type=float, default=0.005)
-    cycle.add_argument("--accuracy-tolerance", type=float, default=0.01)
-    cycle.add_argument("--latency-tolerance", type=float, default=0.05, help="relative growth of mean latency allowed")
-    cycle.add_argument("--json", action="store_true", help="print each cycle's report as JSON")
-    cycle.set_defaults(func=cmd_cycle)
-
-    status = sub.add_parser("status", help="versions, the champion and their held-out metrics")
-    status.add_argument("--dir", default=None, help="versions directory (default: $HYFUNC_HOME/odia)")
-    status.set_defaults(func=cmd_status)
-
-    rollback = sub.add_parser("rollback", help="make the previous champion the champion again")
-    rollback.add_argument("--dir", default=None, help="versions directory (default: $HYFUNC_HOME/odia)")
-    rollback.set_defaults(func=cmd_rollback)
 
 
 def _open_existing(url: str | None) -> TrafficStore:

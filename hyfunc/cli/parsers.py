@@ -1,0 +1,395 @@
+"""Every option of the `hyfunc` command line.
+
+Building the parser imports no model code (torch, transformers, the server): each command names its
+handler as "module:function", imported by `hyfunc.cli.main` only when that command runs, so that
+`hyfunc --help` and a typo answer at once. The constants read here live in light modules.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+
+import hyfunc
+from hyfunc.cli.checks import CALL_FORMATS
+from hyfunc.data import FC_TRAIN, TOOL_LIBRARY
+from hyfunc.formats.bfcl import ALIASES, CATEGORIES, EXTRA_CATEGORIES
+from hyfunc.methods import ABLATABLE, METHODS, PROMPT_STYLES
+from hyfunc.models.engines import DEFAULT_ENGINE, ENGINES
+from hyfunc.models.registry import DEFAULT_LARGE, DEFAULT_SMALL
+from hyfunc.routing.store import FEEDBACK
+
+COMMANDS = "hyfunc.cli.commands"
+BENCHMARKS = "hyfunc.cli.benchmarks"
+ODIA = "hyfunc.cli.odia"
+
+TRAFFIC_HELP = ("log every answer for learning from traffic: bare flag = the embedded SQLite file in "
+                "$HYFUNC_HOME, or a SQLite path / postgresql://user@host/db (a log shared by several servers)")
+STORE_HELP = ("traffic store: a SQLite file path or sqlite:///path, or postgresql://user@host/db "
+              "(default: traffic.sqlite in $HYFUNC_HOME)")
+
+
+def ablation_spec(spec: str) -> str:
+    """An `--ablations` item: a stage, or stages joined by '+' (one variant with all of them off)."""
+    unknown = [stage for stage in spec.split("+") if stage not in ABLATABLE]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown stage {unknown[0]!r}; stages: {', '.join(ABLATABLE)}")
+    return spec
+
+
+def _add_data_arg(parser: argparse.ArgumentParser, what: str) -> None:
+    """`--data`: fc-train JSON Lines files or directories of them, the bundled fc-train by default."""
+    parser.add_argument("--data", nargs="+", default=[str(FC_TRAIN)], help=f"{what} (default: the bundled fc-train)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hyfunc", description="Requests + tools -> function calls.")
+    parser.add_argument("--version", action="version", version=f"hyfunc {hyfunc.__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_answer_parsers(sub)
+    _add_eval_parser(sub)
+    _add_bench_parser(sub)
+    _add_prepare_parser(sub)
+    models = sub.add_parser("models", help="list the default models, or prepare (assemble + convert) them")
+    models.add_argument("--prepare", nargs="+", metavar="NAME")
+    models.set_defaults(handler=f"{COMMANDS}:cmd_models")
+    _add_serve_parser(sub)
+    _add_odia_parser(sub)
+    return parser
+
+
+def _add_method_args(parser: argparse.ArgumentParser, prefix_caching: bool) -> None:
+    parser.add_argument("--method", default="hyfunc", choices=METHODS, help="answering method (default: the cascade)")
+    parser.add_argument(
+        "--artifact", help="cascade directory made by `hyfunc prepare` (method hyfunc; default: the shipped one)"
+    )
+    # No defaults here: an option given with a method it does not apply to is refused (checks.py).
+    parser.add_argument(
+        "--model", default=None, help=f"alias, local path or Hugging Face id (method direct; default {DEFAULT_LARGE})"
+    )
+    parser.add_argument("--style", default=None, choices=["auto", *PROMPT_STYLES], help="prompting style (method direct)")
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    parser.add_argument(
+        "--engine", default=DEFAULT_ENGINE, choices=ENGINES,
+        help="inference engine of every model (default auto: llama.cpp for GGUF models on the CPU, the fastest measured, else transformers)",
+    )
+    parser.add_argument("--small-engine", choices=ENGINES, help="the cascade's small model on another engine")
+    parser.add_argument(
+        "--router", metavar="DIR",
+        help="route each request to the small path or the cascade (method hyfunc): a versions directory of "
+        "`hyfunc odia cycle --out` (its champion) or one version",
+    )
+    parser.add_argument(
+        "--prefix-caching", action=argparse.BooleanOptionalAction, default=prefix_caching,
+        help="reuse the KV cache of the prompt prefix shared with the previous request (exact)",
+    )
+
+
+def _add_answer_parsers(sub: argparse._SubParsersAction) -> None:
+    demo = sub.add_parser("demo", help="answer a few requests against a sample tool library")
+    _add_method_args(demo, prefix_caching=True)
+    demo.set_defaults(handler=f"{COMMANDS}:cmd_demo")
+
+    call = sub.add_parser("call", help="answer one request against tools from a JSON file")
+    call.add_argument("--tools", required=True, help="JSON file: a list of tools (OpenAI, BFCL or JSON Schema) or {'tools': [...]}")
+    call.add_argument("--query", required=True)
+    call.add_argument("--timings", action="store_true", help="print the latency breakdown to stderr")
+    call.add_argument(
+        "--format", default="json", choices=CALL_FORMATS,
+        help="json: {calls, error} (default); openai: an assistant message with tool_calls; python: [f(a=1)]",
+    )
+    call.add_argument("--traffic", nargs="?", const="", default=None, metavar="URL", help=TRAFFIC_HELP)
+    _add_method_args(call, prefix_caching=True)
+    call.set_defaults(handler=f"{COMMANDS}:cmd_call")
+
+
+def _add_eval_parser(sub: argparse._SubParsersAction) -> None:
+    evaluate = sub.add_parser("eval", help="benchmarks")
+    eval_sub = evaluate.add_subparsers(dest="benchmark", required=True)
+    bfcl = eval_sub.add_parser("bfcl", help="score on BFCL with the official checker")
+    _add_method_args(bfcl, prefix_caching=False)
+    # Stage switches are experiments: only the benchmarks take them, not demo, call or serve.
+    bfcl.add_argument(
+        "--ablate", nargs="+", default=[], choices=ABLATABLE, help="switch these cascade stages off (method hyfunc)",
+    )
+    bfcl.add_argument(
+        "--categories", nargs="+",
+        help=f"default: {' '.join(CATEGORIES)}; also {' '.join(EXTRA_CATEGORIES + list(ALIASES))}",
+    )
+    bfcl.add_argument("--limit", type=int, default=None, help="first N cases per category")
+    bfcl.add_argument("--out", help="report directory (default: reports/<method>)")
+    bfcl.add_argument("--data-dir", help="a data set laid out like BFCL's (question files + possible_answer/)")
+    bfcl.add_argument("--no-resume", action="store_true", help="start over instead of skipping cases already scored")
+    bfcl.add_argument(
+        "--with-direct", nargs="+", default=[], metavar="MODEL",
+        help="also answer every case by direct prompting with these models (MODEL or MODEL@ENGINE), "
+        "interleaved with the main method (side by side); the first is the baseline of the latency ratios",
+    )
+    bfcl.add_argument(
+        "--with-cascade", nargs="+", default=[], metavar="ARTIFACT",
+        help="also answer every case with these prepared cascades, side by side: ARTIFACT, ARTIFACT@ENGINE or "
+        "ARTIFACT@LARGE_ENGINE,SMALL_ENGINE ('shipped' = the shipped one)",
+    )
+    bfcl.add_argument(
+        "--ablations", nargs="+", default=[], type=ablation_spec, metavar="STAGE[+STAGE]",
+        help=f"also run the cascade with each of these stages switched off, one variant each; STAGE+STAGE: "
+        f"a variant with both off (stages: {', '.join(ABLATABLE)})",
+    )
+    bfcl.set_defaults(handler=f"{BENCHMARKS}:cmd_eval_bfcl")
+    compare = eval_sub.add_parser("compare", help="merge several BFCL runs into one table and plot")
+    compare.add_argument("runs", nargs="+", help="report directories of `hyfunc eval bfcl`")
+    compare.add_argument("--out", required=True, help="where comparison.{json,md,png} go")
+    compare.set_defaults(handler=f"{BENCHMARKS}:cmd_eval_compare")
+
+
+def _add_bench_parser(sub: argparse._SubParsersAction) -> None:
+    bench = sub.add_parser("bench", help="latency benchmarks")
+    bench_sub = bench.add_subparsers(dest="benchmark", required=True)
+    lib = bench_sub.add_parser("library", help="fixed tool library (server case): cascade vs direct, both with a KV cache")
+    _add_data_arg(lib, "fc-train files or directories (held-out examples are used)")
+    lib.add_argument("--requests", type=int, default=12, help="held-out examples; their tools form the library")
+    lib.add_argument("--artifact", help="cascade directory (default: the shipped one)")
+    lib.add_argument(
+        "--with-direct", nargs="+", metavar="MODEL[@ENGINE]",
+        help="models answering directly, each with its prefix cache (default: the cascade's large model on --engine)",
+    )
+    lib.add_argument(
+        "--ablations", nargs="+", default=[], type=ablation_spec, metavar="STAGE[+STAGE]",
+        help="also run the cascade with these stages off, one variant each (sharing its large-model pass)",
+    )
+    lib.add_argument("--device", default=None)
+    lib.add_argument("--engine", default=DEFAULT_ENGINE, choices=ENGINES, help="engine of the cascade's models")
+    lib.add_argument("--small-engine", choices=ENGINES, help="the cascade's small model on another engine")
+    lib.add_argument("--seed", type=int, default=0)
+    lib.add_argument("--out", default="reports/library", help="where library.{json,md,png} go")
+    lib.set_defaults(handler=f"{BENCHMARKS}:cmd_bench_library")
+
+    ret = bench_sub.add_parser("retriever", help="recall@k and search latency of the retriever over a whole tool library")
+    ret.add_argument(
+        "--library", default=str(TOOL_LIBRARY),
+        help="JSON Lines of tool schemas, or a directory of them (default: the bundled Seal-Tools library)",
+    )
+    _add_data_arg(ret, "fc-train files or directories; held-out requests whose tools are in the library")
+    ret.add_argument("--limit", type=int, default=None, help="at most N requests")
+    ret.add_argument("--artifact", help="cascade directory (default: the shipped one)")
+    ret.add_argument("--device", default=None)
+    ret.add_argument("--out", default="reports/retrieval", help="where retrieval.{json,md,png} go")
+    ret.set_defaults(handler=f"{BENCHMARKS}:cmd_bench_retriever")
+
+    small = bench_sub.add_parser(
+        "small-retrieval", help="the small path's tool selector (MiniLM + BM25) vs the cascade's retriever, recall@k")
+    _add_data_arg(small, "fc-train files or directories (the validation split is used)")
+    small.add_argument("--selector", default=None, help="selector directory (`hyfunc odia selector`; default: the shipped one)")
+    small.add_argument("--artifact", help="cascade directory (default: the shipped one)")
+    small.add_argument("--limit", type=int, default=None, help="at most N held-out requests with tools (plus their refusal examples)")
+    small.add_argument("--no-identity", action="store_true", help="leave out the untrained MiniLM cosine (identity projections)")
+    small.add_argument("--device", default=None)
+    small.add_argument("--engine", default="transformers", help="engine of the cascade's large model")
+    small.add_argument("--out", default="reports/small-retrieval", help="where small_retrieval.{json,md} go")
+    small.set_defaults(handler=f"{BENCHMARKS}:cmd_bench_small_retrieval")
+
+    _add_bench_odia_parser(bench_sub)
+
+    refusal = bench_sub.add_parser("refusal", help="the off-topic gate: small talk refused vs calls kept, with and without it")
+    _add_data_arg(refusal, "fc-train files or directories (the validation split is used)")
+    refusal.add_argument("--artifact", default=None, help="cascade directory with an off-topic gate (default: the shipped one)")
+    refusal.add_argument("--calls", type=int, default=60, help="held-out fc-train call requests")
+    refusal.add_argument("--library-requests", type=int, default=10, help="requests of the fixed-library set (as bench library)")
+    refusal.add_argument("--device", default=None)
+    refusal.add_argument("--engine", default="auto", help="engine of the cascade's models")
+    refusal.add_argument("--seed", type=int, default=0)
+    refusal.add_argument("--out", default="reports/refusal", help="where refusal.{json,md,png} go")
+    refusal.set_defaults(handler=f"{BENCHMARKS}:cmd_bench_refusal")
+
+    serve = bench_sub.add_parser("serve", help="load test of running `hyfunc serve` servers (concurrency 1/4/16)")
+    serve.add_argument("--url", nargs="+", required=True, help="servers to compare, e.g. the cascade and direct prompting")
+    _add_data_arg(serve, "fc-train files or directories: tools and requests")
+    serve.add_argument("--requests", type=int, default=32, help="requests per concurrency level")
+    serve.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
+    serve.add_argument("--model", default="hyfunc", help="model id sent")
+    serve.add_argument("--api-key", default=None)
+    serve.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
+    serve.add_argument("--seed", type=int, default=0)
+    serve.add_argument("--out", default="reports/serve", help="where serve.{json,md} go")
+    serve.set_defaults(handler="hyfunc.serving.bench:run")
+
+
+def _add_bench_odia_parser(bench_sub: argparse._SubParsersAction) -> None:
+    parser = bench_sub.add_parser("odia", help="learning from traffic, simulated: share, agreement, accuracy, latency over cycles")
+    _add_data_arg(parser, "fc-train files or directories (never BFCL)")
+    parser.add_argument("--library", default=None, help="one fixed tool library for every request (JSON Lines); default: own tools")
+    parser.add_argument("--artifact", default=None, help="the cascade (default: the shipped one)")
+    parser.add_argument("--selector", default=None, help="the small path's tool selector (default: the shipped one)")
+    parser.add_argument("--engine", default="transformers", help="engine of every served model")
+    parser.add_argument("--with-direct", nargs="*", default=None, metavar="MODEL[@ENGINE]",
+                        help="large models answering directly, measured on the same requests (default: the cascade's large model)")
+    parser.add_argument("--stream", type=int, default=600, help="requests served in all")
+    parser.add_argument("--cycle-every", type=int, default=150, help="a cycle after this many served requests")
+    parser.add_argument("--held-out", type=int, default=100, help="held-out requests measured after each cycle")
+    parser.add_argument("--explore", type=float, default=0.1, help="share of small-path decisions served by the cascade anyway")
+    parser.add_argument("--target", type=float, default=0.99, help="the router's agreement target")
+    parser.add_argument("--small-first", action="store_true",
+                        help="routers that read the small path's answer: every request runs the small path first")
+    parser.add_argument("--min-requests", type=int, default=100, help="a cycle needs this many large-path requests")
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--max-items", type=int, default=None, help="distil on at most N teacher answers per cycle")
+    parser.add_argument("--distil-on", choices=("all", "agreed", "none"), default="all",
+                        help="teacher answers to distil: all, those the current small path already reproduces, "
+                            "or none (keep the small model, retrain the router)")
+    parser.add_argument("--labelled", type=int, default=0, metavar="N",
+                        help="each cycle's gate also scores the small path against gold on N fc-train validation requests")
+    parser.add_argument("--lora-rank", type=int, default=16)
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="reports/odia", help="where odia_bench.{json,md,png}, the log and the versions go")
+    parser.set_defaults(handler=f"{BENCHMARKS}:cmd_bench_odia")
+
+
+def _add_prepare_parser(sub: argparse._SubParsersAction) -> None:
+    prep = sub.add_parser("prepare", help="train a cascade (embeddings, retriever, small model); resumable")
+    prep.add_argument("--large", default=DEFAULT_LARGE, help="large model (soft token, function embeddings)")
+    prep.add_argument("--small", default=DEFAULT_SMALL, help="small model (writes the argument values)")
+    _add_data_arg(prep, "training JSON Lines files or directories (never BFCL)")
+    prep.add_argument("--out", required=True, help="artifact directory (re-run the same command to resume)")
+    prep.add_argument("--epochs", type=int, default=1, help="small-model fine-tuning epochs")
+    prep.add_argument("--lora-rank", type=int, default=16, help="LoRA rank of the small model; 0 trains the projector only")
+    prep.add_argument("--max-examples", type=int, default=None, help="a seeded sample of N examples, balanced by call pattern")
+    prep.add_argument("--sft-max-items", type=int, default=None, help="fine-tune the small model on N items, balanced by call pattern")
+    prep.add_argument(
+        "--repeat-fraction", type=float, default=0.0,
+        help="add this fraction of repeated-call examples, joined from single-call requests of the data (BFCL's parallel case)",
+    )
+    prep.add_argument(
+        "--no-off-topic-gate", action="store_true",
+        help="skip the off-topic gate, which refuses small talk (about 400 large-model passes)",
+    )
+    prep.add_argument("--gate-only", action="store_true",
+                      help="only (re)train the off-topic gate of the cascade already in --out, on --data")
+    prep.add_argument("--library", default=None, help="a large tool library (JSON Lines): also train its per-function retriever")
+    prep.add_argument("--seed", type=int, default=0)
+    prep.set_defaults(handler=f"{COMMANDS}:cmd_prepare")
+
+
+def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
+    serve = sub.add_parser(
+        "serve", help="OpenAI-compatible server: POST /v1/chat/completions with tools -> tool_calls",
+        description="Serve Chat Completions with tools. Decoding is greedy: temperature and top_p are accepted and ignored.",
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: loopback only)")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--method", default="hyfunc", choices=METHODS, help="answering method (default: the cascade)")
+    serve.add_argument("--artifact", help="cascade directory made by `hyfunc prepare` (default: the shipped one)")
+    serve.add_argument("--model", default=DEFAULT_LARGE, help="model of method direct: alias, local path or Hugging Face id")
+    serve.add_argument("--style", default="auto", choices=["auto", *PROMPT_STYLES], help="prompting style (method direct)")
+    serve.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    serve.add_argument("--engine", default=DEFAULT_ENGINE, choices=ENGINES, help=f"inference engine (default: {DEFAULT_ENGINE})")
+    serve.add_argument("--small-engine", choices=ENGINES, help="the cascade's small model on another engine")
+    serve.add_argument("--served-model-name", default="hyfunc", help="the model id clients send (default: hyfunc)")
+    serve.add_argument(
+        "--api-key", default=os.environ.get("HYFUNC_API_KEY"),
+        help="require 'Authorization: Bearer KEY' on /v1 (default: $HYFUNC_API_KEY; none: no key)",
+    )
+    serve.add_argument("--max-queue", type=int, default=16, help="requests waiting beyond the running one; then 429")
+    serve.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024, help="larger bodies get 413")
+    serve.add_argument("--request-timeout", type=float, default=300.0, help="seconds per request, queue included; then 504")
+    serve.add_argument("--max-tokens", type=int, default=2048, help="cap on a text reply's max_tokens")
+    serve.add_argument(
+        "--max-tools", type=int, default=10_000,
+        help="most tools per request; more get 400. Over 128 a library is read per function (the cascade "
+        "with a library retriever; the first request with it embeds every tool, cached on disk)",
+    )
+    serve.add_argument(
+        "--library-cache", type=int, default=8,
+        help="tool libraries whose large-model state (KV cache, embeddings) the cascade keeps, LRU (0: off)",
+    )
+    serve.add_argument("--library-cache-mb", type=int, default=2048, help="memory bound of that cache")
+    serve.add_argument("--traffic", nargs="?", const="", default=None, metavar="URL", help=TRAFFIC_HELP)
+    serve.add_argument(
+        "--router", metavar="DIR",
+        help="route each request to the small path or the cascade (method hyfunc): a versions directory of "
+        "`hyfunc odia cycle --out` (its champion, promotions picked up live) or one version",
+    )
+    serve.add_argument(
+        "--explore", type=float, default=0.05,
+        help="with --router: share of the requests routed to the small path answered by the cascade anyway, so that "
+        "the traffic log keeps the large path's answers for the next cycles (default 0.05)",
+    )
+    serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    serve.set_defaults(handler=f"{COMMANDS}:cmd_serve")
+
+
+def _add_odia_parser(sub: argparse._SubParsersAction) -> None:
+    odia = sub.add_parser("odia", help="learning from traffic: the traffic log, feedback, routing")
+    odia_sub = odia.add_subparsers(dest="odia_command", required=True)
+
+    feedback = odia_sub.add_parser("feedback", help="mark a logged answer good or bad")
+    feedback.add_argument("request_id", help="the id the server returned with the answer")
+    feedback.add_argument("verdict", choices=FEEDBACK)
+    feedback.add_argument("--store", default=None, help=STORE_HELP)
+    feedback.set_defaults(handler=f"{ODIA}:cmd_feedback")
+
+    stats = odia_sub.add_parser("stats", help="what the traffic log holds: requests per path and library, feedback")
+    stats.add_argument("--store", default=None, help=STORE_HELP)
+    stats.add_argument("--json", action="store_true", help="machine-readable output")
+    stats.set_defaults(handler=f"{ODIA}:cmd_stats")
+
+    train = odia_sub.add_parser("train-router", help="train the router on mined labels (see hyfunc.routing.mining)")
+    train.add_argument("--store", default=None, help=STORE_HELP)
+    train.add_argument("--out", required=True, help="router directory (router.safetensors + router.json)")
+    train.add_argument("--target", type=float, default=0.99,
+                       help="agreement with the large path to keep on held-out traffic (default 0.99)")
+    train.add_argument("--holdout", type=float, default=0.3,
+                       help="the newest share of labelled traffic, held out to choose the threshold")
+    train.add_argument("--with-small-answer", action="store_true",
+                       help="also read the small path's answer (calls, confidence): route after it has run")
+    train.set_defaults(handler=f"{ODIA}:cmd_train_router")
+
+    selector = odia_sub.add_parser("selector", help="train and calibrate the small path's tool selector (MiniLM + BM25) on fc-train")
+    _add_data_arg(selector, "fc-train files or directories (never BFCL)")
+    selector.add_argument("--out", required=True, help="selector directory")
+    selector.add_argument("--identity", action="store_true", help="no training: MiniLM's cosine as it is, calibrated")
+    selector.add_argument("--epochs", type=int, default=30)
+    selector.add_argument("--seed", type=int, default=0)
+    selector.set_defaults(handler=f"{ODIA}:cmd_selector")
+
+    _add_odia_cycle_parser(odia_sub)
+
+    status = odia_sub.add_parser("status", help="versions, the champion and their held-out metrics")
+    status.add_argument("--dir", default=None, help="versions directory (default: $HYFUNC_HOME/odia)")
+    status.set_defaults(handler=f"{ODIA}:cmd_status")
+
+    rollback = odia_sub.add_parser("rollback", help="make the previous champion the champion again")
+    rollback.add_argument("--dir", default=None, help="versions directory (default: $HYFUNC_HOME/odia)")
+    rollback.set_defaults(handler=f"{ODIA}:cmd_rollback")
+
+
+def _add_odia_cycle_parser(odia_sub: argparse._SubParsersAction) -> None:
+    cycle = odia_sub.add_parser("cycle", help="one gated update: distil -> mine -> router -> replay held-out traffic -> promote if not worse")
+    cycle.add_argument("--store", default=None, help=STORE_HELP)
+    cycle.add_argument("--artifact", default=None, help="the served cascade (its small model and adapter; default: the shipped one)")
+    cycle.add_argument("--out", default=None, help="versions directory (default: $HYFUNC_HOME/odia); serve it with --router")
+    cycle.add_argument("--every", default=None, metavar="PERIOD", help="run again every PERIOD (seconds, or 30m, 1h, 1d)")
+    cycle.add_argument("--window", default=None, metavar="PERIOD", help="only the traffic of the last PERIOD (default: all)")
+    cycle.add_argument("--target", type=float, default=0.99, help="agreement with the large path to keep (default 0.99)")
+    cycle.add_argument("--holdout", type=float, default=0.2, help="newest share of the window held out for the gate")
+    cycle.add_argument("--small-first", action="store_true",
+                       help="a router that reads the small path's answer (its confidence): served, every request runs "
+                            "the small path first and only doubtful answers go on to the cascade")
+    cycle.add_argument("--min-requests", type=int, default=100, help="fewer large-path requests: skip the cycle")
+    cycle.add_argument("--replay-data", nargs="*", default=[], help="fc-train files: a replay sample mixed into distillation")
+    cycle.add_argument("--replay-fraction", type=float, default=0.5, help="replay examples per teacher example")
+    cycle.add_argument("--distil-on", choices=("all", "agreed", "none"), default="all",
+                       help="teacher answers to distil: all, those the current small path already reproduces, "
+                            "or none (keep the small model, retrain the router)")
+    cycle.add_argument("--labelled", type=int, default=0, metavar="N",
+                       help="also score the small path against gold on N fc-train validation requests (from "
+                            "--replay-data); the gate refuses a candidate that loses accuracy there")
+    cycle.add_argument("--selector", default=None, help="the first version's tool selector (default: the shipped one)")
+    cycle.add_argument("--engine", default="transformers", help="engine the small path is measured on (as served)")
+    cycle.add_argument("--epochs", type=int, default=1, help="distillation epochs")
+    cycle.add_argument("--lora-rank", type=int, default=16, help="rank of a new adapter (a warm start keeps its own)")
+    cycle.add_argument("--max-items", type=int, default=None, help="distil on at most N teacher answers")
+    cycle.add_argument("--agreement-tolerance", type=float, default=0.005)
+    cycle.add_argument("--accuracy-tolerance", type=float, default=0.01)
+    cycle.add_argument("--latency-tolerance", type=float, default=0.05, help="relative growth of mean latency allowed")
+    cycle.add_argument("--json", action="store_true", help="print each cycle's report as JSON")
+    cycle.set_defaults(handler=f"{ODIA}:cmd_cycle")
