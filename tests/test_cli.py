@@ -128,6 +128,18 @@ def test_missing_bfcl_eval_says_how_to_install(capsys, monkeypatch):
     assert code == 2 and "bfcl-eval) is not installed; install it with: pip install --no-deps bfcl-eval==" in err
 
 
+@pytest.mark.parametrize(("absent", "argv", "extra"), [
+    ("matplotlib", ["eval", "compare", "a", "--out", "b"], "eval"),
+    ("uvicorn", ["serve"], "serve"),
+    ("psycopg_pool", ["odia", "stats", "--store", "postgresql://u@127.0.0.1:1/db"], "postgres"),
+    ("chatterbot_corpus", ["prepare", "--out", "x"], "train"),
+])
+def test_a_missing_extra_names_the_extra_that_installs_it(capsys, monkeypatch, absent, argv, extra):
+    monkeypatch.setitem(sys.modules, absent, None)  # absent, as an uninstalled module is
+    code, err = run(capsys, *argv)
+    assert code == 2 and f"needs {absent}, which is not installed: pip install 'hyfunc[{extra}]'" in err
+
+
 def test_bad_device(capsys):
     code, err = run(capsys, "call", "--method", "direct", "--device", "gpu", "--tools", TOOLS, "--query", "hi")
     assert code == 2 and "unknown device 'gpu'; use cpu or cuda" in err

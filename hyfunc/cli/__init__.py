@@ -12,7 +12,7 @@ from typing import Callable
 
 from hyfunc.cli.checks import check_input_paths, one_line
 from hyfunc.cli.parsers import build_parser
-from hyfunc.errors import UserError
+from hyfunc.errors import UserError, require_extra
 
 #: Errors that are the user's to fix: printed as one line, exit status 2. Anything else is a bug
 #: and keeps its traceback. A missing file named on the command line is the user's too.
@@ -29,6 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         check_input_paths(args)
+        for module, extra in getattr(args, "needs", ()):
+            require_extra(module, extra, f"hyfunc {args.command}")
         return handler(args.handler)(args)
     except USER_ERRORS as err:
         # The one place that turns an error the user can fix into one line (see hyfunc/errors.py).

@@ -22,6 +22,12 @@ COMMANDS = "hyfunc.cli.commands"
 BENCHMARKS = "hyfunc.cli.benchmarks"
 ODIA = "hyfunc.cli.odia"
 
+#: Optional dependencies a command needs, (module, the extra that installs it): `main` checks them
+#: before the handler loads anything, so a missing extra is one line, not a traceback minutes in.
+SERVER = (("fastapi", "serve"), ("uvicorn", "serve"), ("prometheus_client", "serve"))
+PLOTS = (("matplotlib", "eval"),)
+TRAINING = (("yaml", "train"), ("chatterbot_corpus", "train"))
+
 TRAFFIC_HELP = ("log every answer for learning from traffic: bare flag = the embedded SQLite file in "
                 "$HYFUNC_HOME, or a SQLite path / postgresql://user@host/db (a log shared by several servers)")
 STORE_HELP = ("traffic store: a SQLite file path or sqlite:///path, or postgresql://user@host/db "
@@ -134,11 +140,11 @@ def _add_eval_parser(sub: argparse._SubParsersAction) -> None:
         help=f"also run the cascade with each of these stages switched off, one variant each; STAGE+STAGE: "
         f"a variant with both off (stages: {', '.join(ABLATABLE)})",
     )
-    bfcl.set_defaults(handler=f"{BENCHMARKS}:cmd_eval_bfcl")
+    bfcl.set_defaults(handler=f"{BENCHMARKS}:cmd_eval_bfcl", needs=PLOTS)
     compare = eval_sub.add_parser("compare", help="merge several BFCL runs into one table and plot")
     compare.add_argument("runs", nargs="+", help="report directories of `hyfunc eval bfcl`")
     compare.add_argument("--out", required=True, help="where comparison.{json,md,png} go")
-    compare.set_defaults(handler=f"{BENCHMARKS}:cmd_eval_compare")
+    compare.set_defaults(handler=f"{BENCHMARKS}:cmd_eval_compare", needs=PLOTS)
 
 
 def _add_bench_parser(sub: argparse._SubParsersAction) -> None:
@@ -161,7 +167,7 @@ def _add_bench_parser(sub: argparse._SubParsersAction) -> None:
     lib.add_argument("--small-engine", choices=ENGINES, help="the cascade's small model on another engine")
     lib.add_argument("--seed", type=int, default=0)
     lib.add_argument("--out", default="reports/library", help="where library.{json,md,png} go")
-    lib.set_defaults(handler=f"{BENCHMARKS}:cmd_bench_library")
+    lib.set_defaults(handler=f"{BENCHMARKS}:cmd_bench_library", needs=PLOTS)
 
     ret = bench_sub.add_parser("retriever", help="recall@k and search latency of the retriever over a whole tool library")
     ret.add_argument(
@@ -173,7 +179,7 @@ def _add_bench_parser(sub: argparse._SubParsersAction) -> None:
     ret.add_argument("--artifact", help="cascade directory (default: the shipped one)")
     ret.add_argument("--device", default=None)
     ret.add_argument("--out", default="reports/retrieval", help="where retrieval.{json,md,png} go")
-    ret.set_defaults(handler=f"{BENCHMARKS}:cmd_bench_retriever")
+    ret.set_defaults(handler=f"{BENCHMARKS}:cmd_bench_retriever", needs=PLOTS)
 
     small = bench_sub.add_parser(
         "small-retrieval", help="the small path's tool selector (MiniLM + BM25) vs the cascade's retriever, recall@k")
@@ -185,7 +191,7 @@ def _add_bench_parser(sub: argparse._SubParsersAction) -> None:
     small.add_argument("--device", default=None)
     small.add_argument("--engine", default="transformers", help="engine of the cascade's large model")
     small.add_argument("--out", default="reports/small-retrieval", help="where small_retrieval.{json,md} go")
-    small.set_defaults(handler=f"{BENCHMARKS}:cmd_bench_small_retrieval")
+    small.set_defaults(handler=f"{BENCHMARKS}:cmd_bench_small_retrieval", needs=PLOTS)
 
     _add_bench_odia_parser(bench_sub)
 
@@ -198,7 +204,7 @@ def _add_bench_parser(sub: argparse._SubParsersAction) -> None:
     refusal.add_argument("--engine", default="auto", help="engine of the cascade's models")
     refusal.add_argument("--seed", type=int, default=0)
     refusal.add_argument("--out", default="reports/refusal", help="where refusal.{json,md,png} go")
-    refusal.set_defaults(handler=f"{BENCHMARKS}:cmd_bench_refusal")
+    refusal.set_defaults(handler=f"{BENCHMARKS}:cmd_bench_refusal", needs=PLOTS)
 
     serve = bench_sub.add_parser("serve", help="load test of running `hyfunc serve` servers (concurrency 1/4/16)")
     serve.add_argument("--url", nargs="+", required=True, help="servers to compare, e.g. the cascade and direct prompting")
@@ -210,7 +216,7 @@ def _add_bench_parser(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
     serve.add_argument("--seed", type=int, default=0)
     serve.add_argument("--out", default="reports/serve", help="where serve.{json,md} go")
-    serve.set_defaults(handler="hyfunc.serving.bench:run")
+    serve.set_defaults(handler="hyfunc.serving.bench:run", needs=(("httpx", "serve"),))
 
 
 def _add_bench_odia_parser(bench_sub: argparse._SubParsersAction) -> None:
@@ -241,7 +247,7 @@ def _add_bench_odia_parser(bench_sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--device", default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="reports/odia", help="where odia_bench.{json,md,png}, the log and the versions go")
-    parser.set_defaults(handler=f"{BENCHMARKS}:cmd_bench_odia")
+    parser.set_defaults(handler=f"{BENCHMARKS}:cmd_bench_odia", needs=PLOTS)
 
 
 def _add_prepare_parser(sub: argparse._SubParsersAction) -> None:
@@ -266,7 +272,7 @@ def _add_prepare_parser(sub: argparse._SubParsersAction) -> None:
                       help="only (re)train the off-topic gate of the cascade already in --out, on --data")
     prep.add_argument("--library", default=None, help="a large tool library (JSON Lines): also train its per-function retriever")
     prep.add_argument("--seed", type=int, default=0)
-    prep.set_defaults(handler=f"{COMMANDS}:cmd_prepare")
+    prep.set_defaults(handler=f"{COMMANDS}:cmd_prepare", needs=TRAINING)
 
 
 def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
@@ -314,7 +320,7 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
         "the traffic log keeps the large path's answers for the next cycles (default 0.05)",
     )
     serve.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
-    serve.set_defaults(handler=f"{COMMANDS}:cmd_serve")
+    serve.set_defaults(handler=f"{COMMANDS}:cmd_serve", needs=SERVER)
 
 
 def _add_odia_parser(sub: argparse._SubParsersAction) -> None:
