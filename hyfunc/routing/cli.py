@@ -1,4 +1,5 @@
-"""`hyfunc odia ...`: the traffic log from the command line (feedback, stats, router training).
+"""`hyfunc odia ...`: the traffic log from the command line (feedback, stats, retention and
+forgetting, router training).
 
 Every failure is one line on stderr and a non-zero exit code: 2 for bad input (unknown id, bad
 URL, missing store), 3 when the database cannot be reached.
@@ -12,7 +13,15 @@ import sys
 import time
 from dataclasses import asdict
 
-from hyfunc.routing.store import FEEDBACK, StoreError, StoreUnavailable, TrafficStore
+from hyfunc.errors import InputError
+from hyfunc.routing.store import (
+    FEEDBACK,
+    Retention,
+    StoreError,
+    StoreUnavailable,
+    TrafficStore,
+    UnknownRequest,
+)
 from hyfunc.routing.stores import open_store, parse_store_url
 
 STORE_HELP = ("traffic store: a SQLite file path or sqlite:///path, or postgresql://user@host/db "
@@ -33,6 +42,17 @@ def add_odia_parser(subparsers: argparse._SubParsersAction) -> None:
     stats.add_argument("--store", default=None, help=STORE_HELP)
     stats.add_argument("--json", action="store_true", help="machine-readable output")
     stats.set_defaults(func=cmd_stats)
+
+    prune = sub.add_parser("prune", help="delete logged requests beyond a retention limit, with their feedback")
+    prune.add_argument("--keep-days", type=float, default=None, metavar="DAYS", help="keep the requests of the last DAYS days")
+    prune.add_argument("--keep-rows", type=int, default=None, metavar="N", help="keep at most the newest N requests")
+    prune.add_argument("--store", default=None, help=STORE_HELP)
+    prune.set_defaults(func=cmd_prune)
+
+    forget = sub.add_parser("forget", help="delete logged requests by id, with their feedback")
+    forget.add_argument("request_ids", nargs="+", metavar="REQUEST_ID", help="ids the server returned with the answers")
+    forget.add_argument("--store", default=None, help=STORE_HELP)
+    forget.set_defaults(func=cmd_forget)
 
     train = sub.add_parser("train-router", help="train the router on mined labels (see hyfunc.routing.mining)")
     train.add_argument("--store", default=None, help=STORE_HELP)
@@ -121,6 +141,43 @@ def cmd_feedback(args: argparse.Namespace) -> int:
         return 0
 
     return _run(body)
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    if args.keep_days is None and args.keep_rows is None:
+        raise InputError("odia prune needs --keep-days DAYS and/or --keep-rows N")
+    retention = Retention(args.keep_days, args.keep_rows)
+
+    def body() -> int:
+        with _open_existing(args.store) as store:
+            deleted = store.prune(retention)
+        print(f"deleted {deleted} requests from {store.url}")
+        return 0
+
+    return _run(body)
+
+
+def cmd_forget(args: argparse.Namespace) -> int:
+    def body() -> int:
+        with _open_existing(args.store) as store:
+            # All or nothing: a mistyped id among several must not leave the command half done.
+            unknown = [request_id for request_id in dict.fromkeys(args.request_ids) if not _logged(store, request_id)]
+            if unknown:
+                raise UnknownRequest(f"no logged request has id {', '.join(map(repr, unknown))} in {store.url}; "
+                                     "nothing deleted")
+            deleted = store.delete_requests(args.request_ids)
+        print(f"deleted {deleted} requests from {store.url}")
+        return 0
+
+    return _run(body)
+
+
+def _logged(store: TrafficStore, request_id: str) -> bool:
+    try:
+        store.get(request_id)
+    except UnknownRequest:
+        return False
+    return True
 
 
 def _when(t: float | None) -> str:

@@ -6,7 +6,10 @@ import ipaddress
 import os
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hyfunc.routing.store import Retention
 
 
 def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -55,6 +58,12 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     from hyfunc.routing.recording import TRAFFIC_HELP
 
     serve.add_argument("--traffic", nargs="?", const="", default=None, metavar="URL", help=TRAFFIC_HELP)
+    serve.add_argument("--traffic-keep-days", type=float, default=None, metavar="DAYS",
+                       help="with --traffic: delete logged requests older than DAYS days, at start and then every "
+                       "5 minutes (default: keep everything)")
+    serve.add_argument("--traffic-keep-rows", type=int, default=None, metavar="N",
+                       help="with --traffic: keep only the newest N logged requests, pruned at start and then every "
+                       "5 minutes (default: keep everything)")
     serve.add_argument(
         "--router", metavar="DIR",
         help="route each request to the small path or the cascade (method hyfunc): a versions directory of "
@@ -75,6 +84,17 @@ def _loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return host == "localhost"
+
+
+def traffic_retention(args: argparse.Namespace) -> Retention:
+    """The `Retention` of --traffic-keep-days/--traffic-keep-rows; InputError for nonsense."""
+    from hyfunc.errors import InputError
+    from hyfunc.routing.store import Retention
+
+    retention = Retention(args.traffic_keep_days, args.traffic_keep_rows)
+    if args.traffic is None and not retention.unlimited:
+        raise InputError("--traffic-keep-days and --traffic-keep-rows limit the traffic log: they need --traffic")
+    return retention
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -111,6 +131,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from hyfunc.routing.recording import traffic_log
     from hyfunc.routing.store import StoreError
 
+    retention = traffic_retention(args)
+
     router = None
     if args.router:
         if args.method != "hyfunc":
@@ -120,7 +142,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         load, router = routed_serving(load, args.router, device=args.device, explore=args.explore)
     try:
-        traffic = traffic_log(args.traffic)
+        traffic = traffic_log(args.traffic, retention)
     except StoreError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
