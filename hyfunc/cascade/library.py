@@ -52,6 +52,7 @@ from hyfunc.cascade.retriever import (
 from hyfunc.cascade.shards import fill_shards, read_shards
 from hyfunc.cascade.soft_token import SoftTokenEncoder, tool_line
 from hyfunc.config import hyfunc_home
+from hyfunc.durable import durable_replacement
 from hyfunc.errors import InputError
 from hyfunc.formats.schema import Tool, parse_tools
 
@@ -83,9 +84,8 @@ def library_embeddings(encoder: SoftTokenEncoder, tools: list[Tool], shard_size:
             path = directory / f"{number:05d}.safetensors"
             chunk = tools[start : start + shard_size]
             if not path.is_file():
-                tmp = path.with_suffix(".tmp")
-                save_file({"functions": encoder.embed_functions(chunk)}, str(tmp))
-                tmp.replace(path)  # a shard is there whole or not at all
+                with durable_replacement(path) as shard:  # a shard is there whole or not at all
+                    save_file({"functions": encoder.embed_functions(chunk)}, str(shard))
             parts.append(load_file(str(path))["functions"])
             bar.update(len(chunk))
     return torch.cat(parts)

@@ -6,13 +6,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+from hyfunc.durable import write_durably
+
 MANIFEST = "manifest.json"
 
 
 def write_manifest(directory: Path, manifest: dict[str, Any]) -> Path:
-    tmp = directory / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=2))
-    tmp.replace(directory / MANIFEST)
+    write_durably(directory / MANIFEST, json.dumps(manifest, indent=2))
     return directory
 
 

@@ -12,6 +12,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
+from hyfunc.durable import durable_replacement
+
 
 def shard_ids(directory: Path) -> dict[str, Path]:
     """example id -> the shard holding it."""
@@ -37,9 +39,8 @@ def fill_shards(
             chunk = todo[start : start + shard_size]
             tensors = compute(chunk, lambda: bar.update(1))
             path = directory / f"{number:05d}.safetensors"
-            tmp = path.with_suffix(".tmp")
-            save_file(tensors, str(tmp), metadata={"ids": json.dumps(chunk)})
-            tmp.replace(path)
+            with durable_replacement(path) as shard:
+                save_file(tensors, str(shard), metadata={"ids": json.dumps(chunk)})
             number += 1
 
 

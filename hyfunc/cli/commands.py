@@ -21,6 +21,7 @@ from hyfunc.methods.base import Answer
 from hyfunc.models.engines import resolve_engine
 from hyfunc.models.registry import DEFAULT_LARGE, DEFAULT_MODELS, resolve_model
 from hyfunc.progress import steps
+from hyfunc.routing.store import Retention
 
 
 def build_method(args: argparse.Namespace):
@@ -172,6 +173,14 @@ def _loopback(host: str) -> bool:
         return host == "localhost"
 
 
+def traffic_retention(args: argparse.Namespace) -> Retention:
+    """The `Retention` of --traffic-keep-days/--traffic-keep-rows; InputError for nonsense."""
+    retention = Retention(args.traffic_keep_days, args.traffic_keep_rows)
+    if args.traffic is None and not retention.unlimited:
+        raise InputError("--traffic-keep-days and --traffic-keep-rows limit the traffic log: they need --traffic")
+    return retention
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -203,6 +212,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from hyfunc.routing.recording import traffic_log
     from hyfunc.routing.store import StoreError
 
+    retention = traffic_retention(args)
     router = None
     if args.router:
         if args.method != "hyfunc":
@@ -212,7 +222,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         load, router = routed_serving(load, args.router, device=args.device, explore=args.explore)
     try:
-        traffic = traffic_log(args.traffic)
+        traffic = traffic_log(args.traffic, retention)
     except StoreError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -1,4 +1,5 @@
-"""Handlers of `hyfunc odia ...`: the traffic log from the command line (feedback, stats, router training).
+"""Handlers of `hyfunc odia ...`: the traffic log from the command line (feedback, stats, retention and
+forgetting, router training).
 
 Every failure is one line on stderr and a non-zero exit code: 2 for bad input (unknown id, bad
 URL, missing store), 3 when the database cannot be reached.
@@ -12,7 +13,14 @@ import sys
 import time
 from dataclasses import asdict
 
-from hyfunc.routing.store import StoreError, StoreUnavailable, TrafficStore
+from hyfunc.errors import InputError
+from hyfunc.routing.store import (
+    Retention,
+    StoreError,
+    StoreUnavailable,
+    TrafficStore,
+    UnknownRequest,
+)
 from hyfunc.routing.stores import open_store, parse_store_url
 
 
@@ -44,6 +52,43 @@ def cmd_feedback(args: argparse.Namespace) -> int:
         return 0
 
     return _run(body)
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    if args.keep_days is None and args.keep_rows is None:
+        raise InputError("odia prune needs --keep-days DAYS and/or --keep-rows N")
+    retention = Retention(args.keep_days, args.keep_rows)
+
+    def body() -> int:
+        with _open_existing(args.store) as store:
+            deleted = store.prune(retention)
+        print(f"deleted {deleted} requests from {store.url}")
+        return 0
+
+    return _run(body)
+
+
+def cmd_forget(args: argparse.Namespace) -> int:
+    def body() -> int:
+        with _open_existing(args.store) as store:
+            # All or nothing: a mistyped id among several must not leave the command half done.
+            unknown = [request_id for request_id in dict.fromkeys(args.request_ids) if not _logged(store, request_id)]
+            if unknown:
+                raise UnknownRequest(f"no logged request has id {', '.join(map(repr, unknown))} in {store.url}; "
+                                     "nothing deleted")
+            deleted = store.delete_requests(args.request_ids)
+        print(f"deleted {deleted} requests from {store.url}")
+        return 0
+
+    return _run(body)
+
+
+def _logged(store: TrafficStore, request_id: str) -> bool:
+    try:
+        store.get(request_id)
+    except UnknownRequest:
+        return False
+    return True
 
 
 def _when(t: float | None) -> str:

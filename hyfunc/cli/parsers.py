@@ -309,6 +309,12 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
     )
     serve.add_argument("--library-cache-mb", type=int, default=2048, help="memory bound of that cache")
     serve.add_argument("--traffic", nargs="?", const="", default=None, metavar="URL", help=TRAFFIC_HELP)
+    serve.add_argument("--traffic-keep-days", type=float, default=None, metavar="DAYS",
+                       help="with --traffic: delete logged requests older than DAYS days, at start and then every "
+                       "5 minutes (default: keep everything)")
+    serve.add_argument("--traffic-keep-rows", type=int, default=None, metavar="N",
+                       help="with --traffic: keep only the newest N logged requests, pruned at start and then every "
+                       "5 minutes (default: keep everything)")
     serve.add_argument(
         "--router", metavar="DIR",
         help="route each request to the small path or the cascade (method hyfunc): a versions directory of "
@@ -337,6 +343,17 @@ def _add_odia_parser(sub: argparse._SubParsersAction) -> None:
     stats.add_argument("--store", default=None, help=STORE_HELP)
     stats.add_argument("--json", action="store_true", help="machine-readable output")
     stats.set_defaults(handler=f"{ODIA}:cmd_stats")
+
+    prune = odia_sub.add_parser("prune", help="delete logged requests beyond a retention limit, with their feedback")
+    prune.add_argument("--keep-days", type=float, default=None, metavar="DAYS", help="keep the requests of the last DAYS days")
+    prune.add_argument("--keep-rows", type=int, default=None, metavar="N", help="keep at most the newest N requests")
+    prune.add_argument("--store", default=None, help=STORE_HELP)
+    prune.set_defaults(handler=f"{ODIA}:cmd_prune")
+
+    forget = odia_sub.add_parser("forget", help="delete logged requests by id, with their feedback")
+    forget.add_argument("request_ids", nargs="+", metavar="REQUEST_ID", help="ids the server returned with the answers")
+    forget.add_argument("--store", default=None, help=STORE_HELP)
+    forget.set_defaults(handler=f"{ODIA}:cmd_forget")
 
     train = odia_sub.add_parser("train-router", help="train the router on mined labels (see hyfunc.routing.mining)")
     train.add_argument("--store", default=None, help=STORE_HELP)

@@ -5,6 +5,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from hyfunc.durable import write_durably
+
 
 def done_ids(path: Path) -> set[str]:
     """Ids already scored in cases.jsonl; a line cut by an interruption is dropped (redone)."""
@@ -21,9 +23,7 @@ def done_ids(path: Path) -> set[str]:
         except (json.JSONDecodeError, KeyError, TypeError):
             continue
     if good != lines:
-        tmp = path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(good), encoding="utf-8")
-        tmp.replace(path)
+        write_durably(path, "".join(good))
     return done
 
 

@@ -34,8 +34,9 @@ MIGRATIONS: tuple[Migration, ...] = (
     )),
 )
 
-# Any constant works: it only has to be the same for every hyfunc process migrating this database.
+# Any constants work: each only has to be the same for every hyfunc process using this database.
 _MIGRATION_LOCK_KEY = 0x6879_6675_6E63  # "hyfunc"
+_LIBRARIES_LOCK_KEY = _MIGRATION_LOCK_KEY + 1
 
 
 def redact(url: str) -> str:
@@ -46,6 +47,7 @@ def redact(url: str) -> str:
 class PostgresStore(SQLStore):
     placeholder = "%s"
     migrations = MIGRATIONS
+    row_lock = " FOR UPDATE"
 
     def __init__(self, url: str, min_size: int = 1, max_size: int = 4, timeout: float = 10.0,
                  schema_target: int | None = None, lazy: bool = False) -> None:
@@ -108,6 +110,12 @@ class PostgresStore(SQLStore):
         # Held until the migration transaction ends; CREATE TABLE IF NOT EXISTS alone races when
         # two servers start together (both see no table, one fails on the catalog's unique index).
         cursor.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK_KEY,))
+
+    def _lock_libraries(self, cursor: Any, exclusive: bool) -> None:
+        # A writer reusing a stored library inserts nothing into `libraries` (ON CONFLICT DO
+        # NOTHING), so no row lock stops the deletion of an unused one from racing its insert.
+        lock = "pg_advisory_xact_lock" if exclusive else "pg_advisory_xact_lock_shared"
+        cursor.execute(f"SELECT {lock}(%s)", (_LIBRARIES_LOCK_KEY,))
 
     def ping(self) -> None:
         """Raise StoreUnavailable unless the database answers now."""

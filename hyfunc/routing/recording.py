@@ -21,6 +21,7 @@ from hyfunc.formats.calls import call_record
 from hyfunc.formats.schema import Tool
 from hyfunc.methods.base import Answer
 from hyfunc.routing.record import ServedRequest, TrafficSink
+from hyfunc.routing.store import Retention
 from hyfunc.routing.traffic import TrafficLog
 
 
@@ -92,10 +93,11 @@ class RecordedMethod:
         return answer
 
 
-def traffic_log(flag: str | None) -> TrafficLog | None:
+def traffic_log(flag: str | None, retention: Retention | None = None) -> TrafficLog | None:
     """The log a `--traffic [URL]` flag asks for: None = off, "" (bare flag) = the embedded SQLite
-    store, else a path or URL. A malformed URL raises StoreError now; a database that is down
-    does not (the log opens lazily and counts what it cannot write)."""
+    store, else a path or URL; `retention`: what of it the log's writer keeps. A malformed URL
+    raises StoreError now; a database that is down does not (the log opens lazily and counts what
+    it cannot write)."""
     if flag is None:
         return None
-    return TrafficLog(flag or None)
+    return TrafficLog(flag or None, retention=retention)

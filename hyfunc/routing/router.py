@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import Any, Sequence
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
+from hyfunc.durable import durable_replacement, write_durably
 from hyfunc.formats.calls import calls_from_records
 from hyfunc.formats.grounding import Ungrounded, ungrounded_values
 from hyfunc.formats.messages import request_text
@@ -216,17 +216,14 @@ class Router:
         return max(0.0, floor - 1e-9)  # a hair below: never stop a decode the router would have kept
 
     def save(self, directory: str | Path) -> Path:
-        """Write both files; each is replaced atomically, the manifest last (it names the weights)."""
+        """Write both files; each is replaced atomically and durably, the manifest last (it names the weights)."""
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
         tensors = {"weight": self.weight.astype(np.float64), "bias": np.array([self.bias]),
                    "mean": self.mean.astype(np.float64), "scale": self.scale.astype(np.float64)}
-        tmp = out / "router.safetensors.tmp"
-        save_file(tensors, str(tmp))
-        os.replace(tmp, out / "router.safetensors")
-        tmp = out / "router.json.tmp"
-        tmp.write_text(json.dumps(self.manifest, indent=2, allow_nan=False))
-        os.replace(tmp, out / "router.json")
+        with durable_replacement(out / "router.safetensors") as weights:
+            save_file(tensors, str(weights))
+        write_durably(out / "router.json", json.dumps(self.manifest, indent=2, allow_nan=False))
         return out
 
     @classmethod

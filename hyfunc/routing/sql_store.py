@@ -1,4 +1,5 @@
-"""The SQL shared by the SQLite and PostgreSQL stores: migrations runner, writes, paged reads.
+"""The SQL shared by the SQLite and PostgreSQL stores: migrations runner, writes, deletions (retention,
+forgetting a request), paged reads.
 
 SQLite (3.24+) and PostgreSQL accept the same statements here (`ON CONFLICT ... DO NOTHING/UPDATE`,
 `excluded.`), so only the placeholder, the column types of the migrations, and the way a
@@ -21,6 +22,7 @@ from hyfunc.routing.store import (
     EncodedRequest,
     Label,
     Query,
+    Retention,
     StoredRequest,
     StoreError,
     StoreStats,
@@ -33,11 +35,19 @@ from hyfunc.routing.store import (
 Migration = tuple[int, str, Sequence[str]]  # (version, what it does, statements)
 
 _PAGE = 500  # rows per read transaction: long scans must not hold a snapshot (or a lock) for long
+# Requests per deleting transaction: a first prune of a large log must not hold the write lock
+# (SQLite's is the whole file) long enough for the servers' writers to time out. Also well under
+# SQLite's limit on placeholders per statement.
+_DELETE_BATCH = 500
+_DAY = 86_400.0
 
 
 class SQLStore(TrafficStore):
     placeholder: str  # "?" (sqlite3) or "%s" (psycopg)
     migrations: Sequence[Migration]  # ordered by version; never edit a released one, append
+    # Appended to a SELECT of rows the transaction is about to delete; SQLite needs none (its
+    # write transactions exclude each other) and has no such syntax.
+    row_lock: str = ""
 
     def __init__(self, schema_target: int | None = None, lazy: bool = False) -> None:
         # schema_target: migrate up to this version only (tests of migrations); None = latest.
@@ -56,6 +66,11 @@ class SQLStore(TrafficStore):
     def _lock_for_migration(self, cursor: Any) -> None:
         """Serialise concurrent migrators (several servers starting at once); SQLite's
         BEGIN IMMEDIATE already does, PostgreSQL takes an advisory lock."""
+
+    def _lock_libraries(self, cursor: Any, exclusive: bool) -> None:
+        """Until the transaction ends: shared by writers, exclusive while unused tool libraries are
+        deleted, so that a library is never deleted as unused while a writer is adding a request
+        that refers to it. SQLite's BEGIN IMMEDIATE already serialises the two."""
 
     # -- schema ------------------------------------------------------------------------------
     def _ensure_schema(self) -> None:
@@ -106,6 +121,7 @@ class SQLStore(TrafficStore):
         for r in requests:
             libraries.setdefault(r.fingerprint, r)
         with self._transaction(write=True) as cur:
+            self._lock_libraries(cur, exclusive=False)
             cur.executemany(
                 f"INSERT INTO libraries (fingerprint, tools, n_tools, created) VALUES ({P}, {P}, {P}, {P}) "
                 "ON CONFLICT (fingerprint) DO NOTHING",
@@ -152,6 +168,74 @@ class SQLStore(TrafficStore):
                 "small_path = excluded.small_path, labelled = excluded.labelled",
                 rows,
             )
+
+    # -- deletions ---------------------------------------------------------------------------
+    def prune(self, retention: Retention, now: float | None = None) -> int:
+        self._ensure_schema()
+        deleted = 0
+        if retention.days is not None:
+            deleted += self._delete_before((time.time() if now is None else now) - retention.days * _DAY)
+        if retention.rows is not None:
+            with self._transaction(write=False) as cur:
+                # The oldest request kept: the newest `rows` in the (created, request_id) order of reads.
+                cur.execute("SELECT created, request_id FROM requests ORDER BY created DESC, request_id DESC "
+                            f"LIMIT 1 OFFSET {int(retention.rows) - 1}")
+                oldest_kept = cur.fetchone()
+            if oldest_kept is not None:
+                deleted += self._delete_before(float(oldest_kept[0]), oldest_kept[1])
+        if deleted:
+            self._delete_unused_libraries()
+        return deleted
+
+    def delete_requests(self, request_ids: Sequence[str]) -> int:
+        self._ensure_schema()
+        unique = list(dict.fromkeys(request_ids))
+        deleted = 0
+        for start in range(0, len(unique), _DELETE_BATCH):
+            with self._transaction(write=True) as cur:
+                deleted += self._delete_ids(cur, unique[start:start + _DELETE_BATCH])
+        if deleted:
+            self._delete_unused_libraries()
+        return deleted
+
+    def _delete_before(self, created: float, request_id: str | None = None) -> int:
+        """Delete the requests created before `created` or, with `request_id`, before that position
+        in the (created, request_id) order of reads; oldest first, one batch per transaction."""
+        P = self.placeholder
+        if request_id is None:
+            where, params = f"created < {P}", [created]
+        else:
+            where, params = f"(created < {P} OR (created = {P} AND request_id < {P}))", [created, created, request_id]
+        deleted = 0
+        while True:
+            with self._transaction(write=True) as cur:
+                cur.execute(f"SELECT request_id FROM requests WHERE {where} ORDER BY created, request_id "
+                            f"LIMIT {_DELETE_BATCH}", params)
+                ids = [row[0] for row in cur.fetchall()]
+                deleted += self._delete_ids(cur, ids)
+            if len(ids) < _DELETE_BATCH:
+                return deleted
+
+    def _delete_ids(self, cur: Any, ids: list[str]) -> int:
+        """Delete these requests and their labels in the caller's transaction (feedback is a
+        column of the request); returns how many requests were deleted."""
+        if not ids:
+            return 0
+        marks = ", ".join([self.placeholder] * len(ids))
+        # Lock the requests first: a label saved for one of them between the two deletes would
+        # make the second fail on the foreign key; locked, that save waits and then fails instead.
+        # In one order, so that two servers pruning the same rows cannot deadlock.
+        cur.execute(f"SELECT request_id FROM requests WHERE request_id IN ({marks}) "
+                    f"ORDER BY request_id{self.row_lock}", ids)
+        cur.execute(f"DELETE FROM labels WHERE request_id IN ({marks})", ids)
+        cur.execute(f"DELETE FROM requests WHERE request_id IN ({marks})", ids)
+        return int(cur.rowcount)
+
+    def _delete_unused_libraries(self) -> None:
+        with self._transaction(write=True) as cur:
+            self._lock_libraries(cur, exclusive=True)
+            cur.execute("DELETE FROM libraries WHERE NOT EXISTS "
+                        "(SELECT 1 FROM requests r WHERE r.library = libraries.fingerprint)")
 
     # -- reads -------------------------------------------------------------------------------
     def _pages(self, select: str, query: Query) -> Iterator[tuple]:

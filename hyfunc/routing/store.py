@@ -4,9 +4,12 @@ What is kept per answered request: the tool library by fingerprint (the tools th
 fingerprint, since a server offers the same library on most requests), the conversation, the
 answer (calls or text), the path and model versions that produced it, per-stage latency, token
 counts, the time, and optional feedback. Mining adds one label row per request (see mining.py).
+Deleting a request (retention, or forgetting it by id) deletes its label with it, and a tool
+library once no request refers to it any more.
 
 Both backends share the logical schema, the row encoding and the query semantics defined here;
-they differ only in SQL dialect, connection handling and how concurrent migrators are serialised.
+they differ only in SQL dialect, connection handling and how concurrent migrators (and deleters
+of unused tool libraries) are serialised.
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping, Sequence
 
-from hyfunc.errors import SetupError
+from hyfunc.errors import InputError, SetupError
 from hyfunc.formats.calls import call_record
 from hyfunc.routing.record import ServedRequest
 
@@ -156,6 +159,25 @@ class StoreStats:
 
 
 @dataclass(frozen=True)
+class Retention:
+    """How much traffic to keep: requests newer than `days`, and at most the newest `rows` of them;
+    None = no limit. Raises InputError for a limit that would make no sense as a setting."""
+
+    days: float | None = None
+    rows: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.days is not None and not (math.isfinite(self.days) and self.days > 0):
+            raise InputError(f"days of traffic to keep must be a positive number, got {self.days:g}")
+        if self.rows is not None and self.rows < 1:
+            raise InputError(f"requests to keep must be at least 1, got {self.rows}")
+
+    @property
+    def unlimited(self) -> bool:
+        return self.days is None and self.rows is None
+
+
+@dataclass(frozen=True)
 class Query:
     """Filters for iterating logged requests; None means no filter. Times are Unix seconds,
     `since` inclusive and `until` exclusive, so consecutive windows never overlap."""
@@ -254,6 +276,16 @@ class TrafficStore(ABC):
     @abstractmethod
     def set_feedback(self, request_id: str, feedback: str, at: float) -> None:
         """Raises UnknownRequest; a later feedback replaces an earlier one."""
+
+    @abstractmethod
+    def prune(self, retention: Retention, now: float | None = None) -> int:
+        """Delete the requests `retention` does not keep (older than its days before `now`, default
+        the current time; beyond its newest rows), with what is tied to them; returns how many."""
+
+    @abstractmethod
+    def delete_requests(self, request_ids: Sequence[str]) -> int:
+        """Delete these requests, with what is tied to them; unknown ids are skipped. Returns how
+        many were deleted."""
 
     @abstractmethod
     def tools(self, fingerprint: str) -> list[dict]:

@@ -11,6 +11,8 @@ and writes batches. The request path never waits for the database and never sees
 - close(): writes what is queued; what the store cannot take before the deadline is *lost*, counted.
 
 `health()` reports all counts and the last error, for the server's metrics and `hyfunc odia stats`.
+With a `Retention`, the same thread also prunes the store: when it starts, then every
+`prune_interval` seconds; a failed prune is counted as a write error and tried again next time.
 A process killed outright loses only what it had not yet written (at most ~flush_interval of
 traffic); everything committed before stays intact (tests/test_traffic_store.py kills writers).
 """
@@ -26,6 +28,7 @@ from pathlib import Path
 from hyfunc.routing.record import ServedRequest
 from hyfunc.routing.store import (
     EncodedRequest,
+    Retention,
     StoreError,
     StoreUnavailable,
     TrafficStore,
@@ -43,9 +46,10 @@ class LogHealth:
     dropped: int  # refused by record(): queue full (store too slow or down) or log closed
     rejected: int  # cannot be stored at all (bad record); never retried
     lost: int  # still unwritten when close() gave up (store down at shutdown)
-    write_errors: int  # failed write attempts (each one retried)
+    write_errors: int  # failed write attempts (each one retried), prunes included
     pending: int  # accepted, not yet written, rejected or lost
     last_error: str | None
+    pruned: int  # logged requests deleted by the retention setting
 
     @property
     def ok(self) -> bool:
@@ -55,11 +59,13 @@ class LogHealth:
 class TrafficLog:
     """Implements `TrafficSink`. `store` is a TrafficStore, or a URL/path for `open_store` (None =
     the embedded SQLite file), opened lazily so that a database that is down does not stop a server
-    from starting; a malformed URL still raises StoreError here, at start-up."""
+    from starting; a malformed URL still raises StoreError here, at start-up. `retention`: what of
+    the store to keep (default: everything)."""
 
     def __init__(self, store: TrafficStore | str | Path | None = None, *, max_queue: int = 10_000,
                  batch_size: int = 256, flush_interval: float = 0.2, retry_max_delay: float = 5.0,
-                 store_timeout: float = 5.0) -> None:
+                 store_timeout: float = 5.0, retention: Retention | None = None,
+                 prune_interval: float = 300.0) -> None:
         # store_timeout bounds one write attempt (waiting for a connection or a lock), and so how
         # long close() can overrun its own timeout while the writer is inside an attempt.
         self._store_timeout = store_timeout
@@ -70,9 +76,12 @@ class TrafficLog:
         self._batch_size = batch_size
         self._flush_interval = flush_interval
         self._retry_max_delay = retry_max_delay
+        self._retention = None if retention is None or retention.unlimited else retention
+        self._prune_interval = prune_interval
         self._lock = threading.Lock()
         self._progress = threading.Condition(self._lock)
         self._accepted = self._written = self._dropped = self._rejected = self._lost = self._errors = 0
+        self._pruned = 0
         self._last_error: str | None = None
         self._closing = threading.Event()
         self._deadline = float("inf")  # monotonic time after which close() stops retrying
@@ -100,7 +109,7 @@ class TrafficLog:
         with self._lock:
             done = self._written + self._rejected + self._lost
             return LogHealth(self._accepted, self._written, self._dropped, self._rejected, self._lost,
-                             self._errors, self._accepted - done, self._last_error)
+                             self._errors, self._accepted - done, self._last_error, self._pruned)
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every record accepted so far is written (or rejected/lost); False on timeout."""
@@ -175,7 +184,11 @@ class TrafficLog:
     def _run(self) -> None:
         batch: list[ServedRequest] = []
         delay = 0.0
+        next_prune = time.monotonic()
         while True:
+            if self._retention is not None and time.monotonic() >= next_prune and not self._closing.is_set():
+                self._prune(self._retention)
+                next_prune = time.monotonic() + self._prune_interval
             self._take(batch)
             if not batch:
                 if self._closing.is_set():
@@ -193,6 +206,15 @@ class TrafficLog:
                 end = time.monotonic() + delay
                 while time.monotonic() < end and not self._past_deadline():
                     time.sleep(0.02)
+
+    def _prune(self, retention: Retention) -> None:
+        try:
+            pruned = self.store.prune(retention)
+        except Exception as e:  # the store is down, or a bug: writing goes on either way
+            self._count(error=f"pruning: {e}" if isinstance(e, StoreError) else f"pruning: {type(e).__name__}: {e}")
+        else:
+            with self._lock:
+                self._pruned += pruned
 
     def _past_deadline(self) -> bool:
         return self._closing.is_set() and time.monotonic() >= self._deadline

@@ -2,25 +2,26 @@
 decides whether a candidate replaces the champion.
 
 - A version is an immutable directory `versions/<id>/` with a `manifest.json` (parents, data
-  window, metrics, created). It is built in a temporary directory and renamed into place, so a
-  reader never sees a half-written version and a crash leaves only a stray temporary directory.
+  window, metrics, created). It is built in a temporary directory, fsynced and renamed into place
+  (hyfunc.durable), so a reader never sees a half-written version and a crash leaves only a stray
+  temporary directory.
 - Aliases live in `aliases.json`: `champion` and the stack of earlier champions. Promotion and
-  rollback rewrite that one file atomically (write + rename), so a server polling it switches
-  from one complete version to another, never to something in between.
+  rollback rewrite that one file atomically and durably, so a server polling it switches from one
+  complete version to another, never to something in between, and a power cut cannot undo a
+  promotion nor leave the alias naming a version whose files never reached the disk.
 - The gate refuses a candidate whose agreement with the large path, accuracy, or small path's
   accuracy on a labelled set drops by more than a tolerance, or whose latency grows; it says why.
 """
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
+
+from hyfunc.durable import durable_replacement, write_durably
 
 
 class VersionError(RuntimeError):
@@ -89,16 +90,12 @@ class Versions:
                window: dict | None = None, note: str = "") -> str:
         """Build a version with `build(directory)` and freeze it; returns its id."""
         vid = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + uuid.uuid4().hex[:8]
-        tmp = Path(tempfile.mkdtemp(prefix=f".{vid}-", dir=self.root / "versions"))
-        try:
-            build(tmp)
+        with durable_replacement(self.root / "versions" / vid) as directory:
+            directory.mkdir()
+            build(directory)
             manifest = {"id": vid, "created": time.time(), "parents": parents, "window": window or {},
                         "metrics": asdict(metrics), "note": note}
-            (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2))
-            os.replace(tmp, self.root / "versions" / vid)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+            (directory / "manifest.json").write_text(json.dumps(manifest, indent=2))
         return vid
 
     def path(self, vid: str) -> Path:
@@ -114,7 +111,9 @@ class Versions:
         return Metrics(**self.manifest(vid)["metrics"])
 
     def list(self) -> list[dict]:
-        found = [json.loads(p.read_text()) for p in (self.root / "versions").glob("*/manifest.json")]
+        # A dot-directory is a version a crash interrupted before its rename into place.
+        found = [json.loads(p.read_text()) for p in (self.root / "versions").glob("*/manifest.json")
+                 if not p.parent.name.startswith(".")]
         return sorted(found, key=lambda m: m["created"])
 
     # -- aliases -----------------------------------------------------------------------------
@@ -123,9 +122,7 @@ class Versions:
         return json.loads(f.read_text()) if f.is_file() else {"champion": None, "history": []}
 
     def _write_aliases(self, aliases: dict) -> None:
-        tmp = self.root / f".aliases-{uuid.uuid4().hex}.json"
-        tmp.write_text(json.dumps(aliases, indent=2))
-        os.replace(tmp, self.root / "aliases.json")
+        write_durably(self.root / "aliases.json", json.dumps(aliases, indent=2))
 
     @property
     def champion(self) -> str | None:

@@ -5,7 +5,7 @@ Kept out of app.py: the app calls `add_traffic_routes` once; nothing here touche
 - ``POST /v1/feedback`` ``{"request_id": "<the x-request-id of an answer>", "feedback": "good" | "bad"}``
   -> 200 ``{"request_id", "feedback"}``; 404 ``unknown_request_id``; 400 for a bad body;
   503 when the store cannot be reached. Only when the server logs traffic (`--traffic`).
-- `/health` gains ``"traffic": {written, dropped, rejected, lost, pending, write_errors, ...}``
+- `/health` gains ``"traffic": {written, dropped, rejected, lost, pending, write_errors, pruned, ...}``
   and `/metrics` the same counts as ``hyfunc:traffic_log_*`` (a collector reads them when
   scraped, so the numbers are never stale and nothing is counted twice).
 """
@@ -46,7 +46,7 @@ def traffic_health(traffic: Any) -> dict[str, Any] | None:
 class _TrafficCollector:
     """Prometheus collector over `TrafficLog.health()`."""
 
-    COUNTERS = ("accepted", "written", "dropped", "rejected", "lost", "write_errors")
+    COUNTERS = ("accepted", "written", "dropped", "rejected", "lost", "write_errors", "pruned")
 
     def __init__(self, traffic: Any):
         self.traffic = traffic
