@@ -8,7 +8,7 @@ llama.cpp takes about two hours (~450k tokens at ~60 tokens/s); a quarter of it 
 quarter of that cost. Fewer distractors make retrieval easier: results on a subset are not the full
 library's.
 
-    python scripts/library_subset.py --stream 120 --held-out 32 --size 1024 --out /tmp/sealtools-1024.jsonl
+    python scripts/library_subset.py --stream 120 --held-out 32 --size 1024 --out artifacts/sealtools-1024.jsonl
 """
 from __future__ import annotations
 
