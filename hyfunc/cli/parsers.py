@@ -308,6 +308,10 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
         help="tool libraries whose large-model state (KV cache, embeddings) the cascade keeps, LRU (0: off)",
     )
     serve.add_argument("--library-cache-mb", type=int, default=2048, help="memory bound of that cache")
+    serve.add_argument(
+        "--ready-max-wait", type=float, default=30.0, metavar="SECONDS",
+        help="/health/ready answers 503 'degraded' while the oldest queued request has waited longer (default 30)",
+    )
     serve.add_argument("--traffic", nargs="?", const="", default=None, metavar="URL", help=TRAFFIC_HELP)
     serve.add_argument("--traffic-keep-days", type=float, default=None, metavar="DAYS",
                        help="with --traffic: delete logged requests older than DAYS days, at start and then every "

@@ -66,6 +66,7 @@ class ServeConfig:
     context_tokens: int | None = None  # default: the large model's max_position_embeddings
     library_cache: int = 8  # tool libraries whose state the cascade keeps (0: off)
     library_cache_bytes: int = 2 * 1024**3
+    ready_max_wait: float = 30.0  # seconds the oldest queued request may wait; then /health/ready is degraded
 
 
 @dataclass
