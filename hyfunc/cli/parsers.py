@@ -309,6 +309,11 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
     )
     serve.add_argument("--library-cache-mb", type=int, default=2048, help="memory bound of that cache")
     serve.add_argument(
+        "--library-disk-cache-mb", type=int, default=2048, metavar="MB",
+        help="disk bound of the per-function library embeddings in $HYFUNC_HOME/library-embeddings; the least "
+        "recently used libraries are deleted first, never one in use (default 2048)",
+    )
+    serve.add_argument(
         "--ready-max-wait", type=float, default=30.0, metavar="SECONDS",
         help="/health/ready answers 503 'degraded' while the oldest queued request has waited longer (default 30)",
     )

@@ -22,6 +22,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from hyfunc.cascade.library import DISK_CACHE_BYTES
 from hyfunc.formats.schema import Tool
 from hyfunc.routing.store import library_fingerprint
 from hyfunc.serving.metrics import ServerMetrics
@@ -53,8 +54,11 @@ def tensor_bytes(obj: Any, depth: int = 0, seen: set[int] | None = None) -> int:
 
 
 class LibraryCache:
-    def __init__(self, max_entries: int, max_bytes: int, metrics: ServerMetrics | None = None):
-        self.max_entries, self.max_bytes = max_entries, max_bytes
+    """`max_entries` libraries in at most `max_bytes` of memory; `disk_bytes`: the bound of the
+    per-function embeddings' cache on disk, handed to `use_library`."""
+
+    def __init__(self, max_entries: int, max_bytes: int, metrics: ServerMetrics | None = None, disk_bytes: int = DISK_CACHE_BYTES):
+        self.max_entries, self.max_bytes, self.disk_bytes = max_entries, max_bytes, disk_bytes
         self.metrics = metrics
         self._entries: OrderedDict[tuple[int, str], tuple[Any, int]] = OrderedDict()
         self.hits = self.misses = 0
@@ -77,7 +81,7 @@ class LibraryCache:
             if mode is not None and mode(len(tools)) == "per_function":
                 # Cache off, but such a library is only read through its state: build it every time.
                 start = time.perf_counter()
-                method.use_library(list(tools))
+                method.use_library(list(tools), self.disk_bytes)
                 return False, time.perf_counter() - start
             return False, 0.0
         key = (id(method), fingerprint(tools))
@@ -89,7 +93,7 @@ class LibraryCache:
                 self.metrics.library_hits.inc()
             return True, 0.0
         start = time.perf_counter()
-        method.use_library(list(tools))
+        method.use_library(list(tools), self.disk_bytes)
         seconds = time.perf_counter() - start
         state = method.library_state()
         self._entries[key] = (state, tensor_bytes(state))

@@ -24,6 +24,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from hyfunc.cascade.library import DISK_CACHE_BYTES
 from hyfunc.formats.calls import Call
 from hyfunc.formats.schema import SchemaError, Tool, parse_tool
 from hyfunc.methods.base import Answer, answer_streaming
@@ -66,6 +67,7 @@ class ServeConfig:
     context_tokens: int | None = None  # default: the large model's max_position_embeddings
     library_cache: int = 8  # tool libraries whose state the cascade keeps (0: off)
     library_cache_bytes: int = 2 * 1024**3
+    library_disk_cache_bytes: int = DISK_CACHE_BYTES  # per-function library embeddings on disk, LRU
     ready_max_wait: float = 30.0  # seconds the oldest queued request may wait; then /health/ready is degraded
 
 
@@ -139,7 +141,7 @@ class ChatService:
             raise ValueError("no method to serve")
         self.methods = dict(methods)
         self.config, self.metrics, self.traffic, self.router = config, metrics, traffic, router
-        self.library = LibraryCache(config.library_cache, config.library_cache_bytes, metrics)
+        self.library = LibraryCache(config.library_cache, config.library_cache_bytes, metrics, config.library_disk_cache_bytes)
         self.calls = CallWriter()
         self.failure: str | None = None  # set by a fatal model error: the service answers no more
         self._text_caches: dict[int, PrefixCache] = {}
