@@ -314,6 +314,11 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
         "recently used libraries are deleted first, never one in use (default 2048)",
     )
     serve.add_argument(
+        "--max-new-tool-tokens", type=int, default=32_768, metavar="N",
+        help="413 for a request whose tool library is in no cache (memory or disk) and whose tools' JSON schemas take "
+        "more than N tokens of the model's tokenizer: reading them costs model time in proportion (default 32768; 0: no cap)",
+    )
+    serve.add_argument(
         "--ready-max-wait", type=float, default=30.0, metavar="SECONDS",
         help="/health/ready answers 503 'degraded' while the oldest queued request has waited longer (default 30)",
     )

@@ -36,7 +36,7 @@ import torch
 
 from hyfunc.cascade.large_values import LargeValueWriter
 from hyfunc.cascade.lexical import lexical_scores
-from hyfunc.cascade.library import DISK_CACHE_BYTES, PerFunctionLibrary
+from hyfunc.cascade.library import DISK_CACHE_BYTES, PerFunctionLibrary, embeddings_stored
 from hyfunc.cascade.manifest import MANIFEST
 from hyfunc.cascade.off_topic import GATE_DIR, OffTopicGate
 from hyfunc.cascade.retriever import Retriever
@@ -252,6 +252,10 @@ class HyFuncMethod:
         computing anything; None: no fixed library."""
         self._library = state.joint if state is not None else None
         self._per_function = state.per_function if state is not None else None
+
+    def library_stored(self, tools: Sequence[Tool]) -> bool:
+        """Whether `use_library(tools)` finds the per-function embeddings on disk (computes none)."""
+        return self.library_mode(len(tools)) == "per_function" and embeddings_stored(self.encoder, tools)
 
     def use_library(self, tools: Sequence[Tool], disk_cache_bytes: int = DISK_CACHE_BYTES) -> None:
         """Fix the tool library (the server case). Up to MAX_PROMPT_TOOLS tools, the KV cache of

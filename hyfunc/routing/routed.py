@@ -405,6 +405,10 @@ class _SmallFirstSlot:
         mode = getattr(self._routed.cascade, "library_mode", None)
         return None if mode is None else mode(n_tools)
 
+    def library_stored(self, tools: Sequence[Tool]) -> bool:
+        stored = getattr(self._routed.cascade, "library_stored", None)
+        return stored is not None and stored(tools)
+
     def use_library(self, tools: Sequence[Tool], disk_cache_bytes: int = DISK_CACHE_BYTES) -> None:
         self._routed.use_library(tools, disk_cache_bytes)
 
