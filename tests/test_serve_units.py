@@ -105,12 +105,15 @@ def test_health_is_503_while_loading(cascade: Any) -> None:
 
     with TestClient(create_app(load, ServeConfig(**CONFIG))) as client:
         assert client.get("/health").status_code == 503
+        assert client.get("/health/ready").json() == {"status": "loading", "detail": None}
+        assert client.get("/health/live").status_code == 200  # up, only not ready
         loading = _ask(client)
         assert loading.status_code == 503 and loading.json()["error"]["code"] == "model_not_ready"
         release.set()
         deadline = time.monotonic() + 10
         while client.get("/health").status_code != 200 and time.monotonic() < deadline:
             time.sleep(0.05)
+        assert client.get("/health/ready").json()["status"] == "ready"
         assert _ask(client).status_code == 200
 
 

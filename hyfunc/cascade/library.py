@@ -18,7 +18,9 @@ held-out requests of `hyfunc bench retriever` (same projections) recall@5 rose f
 
 Library embeddings are computed once and cached in shards under
 ``$HYFUNC_HOME/library-embeddings/<model>-<hash>/``, so an interrupted run resumes and later runs
-start at once; the retriever's projection of the whole library is then one matrix.
+start at once; the retriever's projection of the whole library is then one matrix. That directory
+is bounded in bytes (`DISK_CACHE_BYTES` by default): the least recently used libraries go first,
+never one being written or read (hyfunc.disk_cache).
 """
 from __future__ import annotations
 
@@ -52,6 +54,7 @@ from hyfunc.cascade.retriever import (
 from hyfunc.cascade.shards import fill_shards, read_shards
 from hyfunc.cascade.soft_token import SoftTokenEncoder, tool_line
 from hyfunc.config import hyfunc_home
+from hyfunc.disk_cache import hold, trim
 from hyfunc.durable import durable_replacement
 from hyfunc.errors import InputError
 from hyfunc.formats.schema import Tool, parse_tools
@@ -73,21 +76,41 @@ def in_library(examples: Sequence[Example], library: Sequence[Tool]) -> list[Exa
     return [ex for ex in examples if ex.answers and all(c.name in names for c in ex.answers)]
 
 
-def library_embeddings(encoder: SoftTokenEncoder, tools: list[Tool], shard_size: int = 256) -> torch.Tensor:
-    """(n_tools, H) per-function embeddings, cached in shards keyed by model, instruction and tools."""
+#: Bytes the cached library embeddings may take on disk: about 80 libraries of 4,000 tools with the shipped
+#: large model (H=1536, float32: 25 MB each).
+DISK_CACHE_BYTES = 2 * 1024**3
+SHARD_SIZE = 256  # tools per cached shard
+
+
+def _embeddings_directory(encoder: SoftTokenEncoder, tools: Sequence[Tool]) -> Path:
+    """Where the library's embeddings are cached: keyed by model, instruction and tools."""
     digest = hashlib.sha256("\n".join([encoder.backend.name, encoder.instruction, *map(tool_line, tools)]).encode()).hexdigest()
-    directory = hyfunc_home() / "library-embeddings" / f"{encoder.backend.name.replace('/', '_')}-{digest[:16]}"
-    directory.mkdir(parents=True, exist_ok=True)
+    return hyfunc_home() / "library-embeddings" / f"{encoder.backend.name.replace('/', '_')}-{digest[:16]}"
+
+
+def _shard_paths(directory: Path, n_tools: int) -> list[Path]:
+    return [directory / f"{number:05d}.safetensors" for number in range((n_tools + SHARD_SIZE - 1) // SHARD_SIZE)]
+
+
+def embeddings_stored(encoder: SoftTokenEncoder, tools: Sequence[Tool]) -> bool:
+    """Whether `library_embeddings` would find every shard on disk (and compute nothing)."""
+    return all(path.is_file() for path in _shard_paths(_embeddings_directory(encoder, tools), len(tools)))
+
+
+def library_embeddings(encoder: SoftTokenEncoder, tools: list[Tool], max_bytes: int = DISK_CACHE_BYTES) -> torch.Tensor:
+    """(n_tools, H) per-function embeddings, cached in shards; afterwards the cache is trimmed to
+    `max_bytes`, least recently used libraries first (this one always stays)."""
+    directory = _embeddings_directory(encoder, tools)
     parts = []
-    with tqdm(total=len(tools), desc="library embeddings", unit="tool") as bar:
-        for number, start in enumerate(range(0, len(tools), shard_size)):
-            path = directory / f"{number:05d}.safetensors"
-            chunk = tools[start : start + shard_size]
+    with hold(directory), tqdm(total=len(tools), desc="library embeddings", unit="tool") as bar:
+        for number, path in enumerate(_shard_paths(directory, len(tools))):
+            chunk = tools[number * SHARD_SIZE : (number + 1) * SHARD_SIZE]
             if not path.is_file():
                 with durable_replacement(path) as shard:  # a shard is there whole or not at all
                     save_file({"functions": encoder.embed_functions(chunk)}, str(shard))
             parts.append(load_file(str(path))["functions"])
             bar.update(len(chunk))
+        trim(directory.parent, max_bytes)
     return torch.cat(parts)
 
 
@@ -221,9 +244,10 @@ class PerFunctionLibrary:
     _projected: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)  # per retriever
 
     @classmethod
-    def build(cls, encoder: SoftTokenEncoder, tools: Sequence[Tool]) -> PerFunctionLibrary:
+    def build(cls, encoder: SoftTokenEncoder, tools: Sequence[Tool], disk_cache_bytes: int = DISK_CACHE_BYTES) -> PerFunctionLibrary:
+        """`disk_cache_bytes`: the bound of the embeddings' cache on disk (see `library_embeddings`)."""
         tools = list(tools)
-        return cls(tools, library_embeddings(encoder, tools), LexicalIndex(tools))
+        return cls(tools, library_embeddings(encoder, tools, disk_cache_bytes), LexicalIndex(tools))
 
     @torch.no_grad()
     def score(self, encoder: SoftTokenEncoder, retriever: Retriever, request: str, soft_token: torch.Tensor) -> LibraryScores:

@@ -193,6 +193,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         served_model=args.served_model_name, api_key=args.api_key, max_queue=args.max_queue,
         max_body_bytes=args.max_body_bytes, request_timeout=args.request_timeout, max_tokens_cap=args.max_tokens,
         max_tools=args.max_tools, library_cache=args.library_cache, library_cache_bytes=args.library_cache_mb * 1024**2,
+        library_disk_cache_bytes=args.library_disk_cache_mb * 1024**2, max_new_tool_tokens=args.max_new_tool_tokens,
+        ready_max_wait=args.ready_max_wait,
     )
 
     def load() -> Any:
@@ -227,7 +229,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     app = create_app(load, config, traffic=traffic, router=router)
-    # The models load in the background: /health answers 503 until they are ready.
+    # The models load in the background: /health and /health/ready answer 503 until they are ready.
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=60)
     finally:

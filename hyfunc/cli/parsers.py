@@ -308,6 +308,20 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
         help="tool libraries whose large-model state (KV cache, embeddings) the cascade keeps, LRU (0: off)",
     )
     serve.add_argument("--library-cache-mb", type=int, default=2048, help="memory bound of that cache")
+    serve.add_argument(
+        "--library-disk-cache-mb", type=int, default=2048, metavar="MB",
+        help="disk bound of the per-function library embeddings in $HYFUNC_HOME/library-embeddings; the least "
+        "recently used libraries are deleted first, never one in use (default 2048)",
+    )
+    serve.add_argument(
+        "--max-new-tool-tokens", type=int, default=32_768, metavar="N",
+        help="413 for a request whose tool library is in no cache (memory or disk) and whose tools' JSON schemas take "
+        "more than N tokens of the model's tokenizer: reading them costs model time in proportion (default 32768; 0: no cap)",
+    )
+    serve.add_argument(
+        "--ready-max-wait", type=float, default=30.0, metavar="SECONDS",
+        help="/health/ready answers 503 'degraded' while the oldest queued request has waited longer (default 30)",
+    )
     serve.add_argument("--traffic", nargs="?", const="", default=None, metavar="URL", help=TRAFFIC_HELP)
     serve.add_argument("--traffic-keep-days", type=float, default=None, metavar="DAYS",
                        help="with --traffic: delete logged requests older than DAYS days, at start and then every "

@@ -36,7 +36,7 @@ import torch
 
 from hyfunc.cascade.large_values import LargeValueWriter
 from hyfunc.cascade.lexical import lexical_scores
-from hyfunc.cascade.library import PerFunctionLibrary
+from hyfunc.cascade.library import DISK_CACHE_BYTES, PerFunctionLibrary, embeddings_stored
 from hyfunc.cascade.manifest import MANIFEST
 from hyfunc.cascade.off_topic import GATE_DIR, OffTopicGate
 from hyfunc.cascade.retriever import Retriever
@@ -253,13 +253,17 @@ class HyFuncMethod:
         self._library = state.joint if state is not None else None
         self._per_function = state.per_function if state is not None else None
 
-    def use_library(self, tools: Sequence[Tool]) -> None:
+    def library_stored(self, tools: Sequence[Tool]) -> bool:
+        """Whether `use_library(tools)` finds the per-function embeddings on disk (computes none)."""
+        return self.library_mode(len(tools)) == "per_function" and embeddings_stored(self.encoder, tools)
+
+    def use_library(self, tools: Sequence[Tool], disk_cache_bytes: int = DISK_CACHE_BYTES) -> None:
         """Fix the tool library (the server case). Up to MAX_PROMPT_TOOLS tools, the KV cache of
         [instruction + tools] is computed once and each request runs only its own tokens. A larger
-        library never fits a prompt: its tools are embedded one by one (cached on disk), each
-        request gets a soft token over [instruction + request], and the artifact's library
-        retriever (`hyfunc prepare --library`), with the request's lexical scores, picks the tools
-        the small model sees."""
+        library never fits a prompt: its tools are embedded one by one (cached on disk, in at most
+        `disk_cache_bytes` for all libraries), each request gets a soft token over [instruction +
+        request], and the artifact's library retriever (`hyfunc prepare --library`), with the
+        request's lexical scores, picks the tools the small model sees."""
         tools = list(tools)
         self._library, self._per_function = None, None
         if self.gate is not None:
@@ -272,7 +276,7 @@ class HyFuncMethod:
                 f"a library of {len(tools)} tools is read per function and needs a library retriever: "
                 "prepare the cascade with `hyfunc prepare --library <tools.jsonl>`"
             )
-        self._per_function = PerFunctionLibrary.build(self.encoder, tools)
+        self._per_function = PerFunctionLibrary.build(self.encoder, tools, disk_cache_bytes)
 
     def _encode(
         self, messages: Sequence[dict], tools: Sequence[Tool], per_function: PerFunctionLibrary | None

@@ -31,6 +31,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from hyfunc.cascade.library import DISK_CACHE_BYTES
 from hyfunc.cascade.selector import ToolSelector, ToolVectors
 from hyfunc.formats.messages import request_text
 from hyfunc.formats.schema import Tool
@@ -328,9 +329,9 @@ class RoutedMethod:
     def share_large_pass(self, other: Any) -> None:
         self.cascade.share_large_pass(other)
 
-    def use_library(self, tools: Sequence[Tool]) -> None:
+    def use_library(self, tools: Sequence[Tool], disk_cache_bytes: int = DISK_CACHE_BYTES) -> None:
         if hasattr(self.cascade, "use_library"):
-            self.cascade.use_library(tools)
+            self.cascade.use_library(tools, disk_cache_bytes)
 
     # -- the server's slots ----------------------------------------------------------------
     def server_paths(self) -> dict[str, Any]:
@@ -404,8 +405,12 @@ class _SmallFirstSlot:
         mode = getattr(self._routed.cascade, "library_mode", None)
         return None if mode is None else mode(n_tools)
 
-    def use_library(self, tools: Sequence[Tool]) -> None:
-        self._routed.use_library(tools)
+    def library_stored(self, tools: Sequence[Tool]) -> bool:
+        stored = getattr(self._routed.cascade, "library_stored", None)
+        return stored is not None and stored(tools)
+
+    def use_library(self, tools: Sequence[Tool], disk_cache_bytes: int = DISK_CACHE_BYTES) -> None:
+        self._routed.use_library(tools, disk_cache_bytes)
 
     def library_state(self) -> Any:
         return self._routed.cascade.library_state()

@@ -13,6 +13,12 @@ included, skip.
 
 The body is parsed by hand rather than by a FastAPI body parameter so that every failure gets
 OpenAI's error envelope and status; the OpenAPI schema still describes it (`openapi_extra`).
+
+Probes: ``/health/live`` is 200 while the process answers HTTP at all (restart it when not);
+``/health/ready`` is 503 while the models load or after they failed, and also, as "degraded", while
+the oldest queued request has waited longer than `ServeConfig.ready_max_wait` (a load balancer
+then sends new requests elsewhere until the queue drains); ``/health`` is readiness without the
+degraded state, as it always was.
 """
 from __future__ import annotations
 
@@ -39,7 +45,9 @@ from hyfunc.serving.protocol import (
     ChatCompletionRequest,
     ErrorResponse,
     Health,
+    Liveness,
     ModelList,
+    Readiness,
 )
 from hyfunc.serving.service import (
     ChatService,
@@ -97,6 +105,16 @@ class _State:
         if self.service is not None and self.service.failure is not None:
             return "failed", f"a model failed: {self.service.failure}"
         return self.status, self.detail
+
+    def readiness(self) -> tuple[str, str | None]:
+        """`health`, with "ready" for "ok", and "degraded" while the queue waits too long."""
+        status, detail = self.health()
+        if status != "ok":
+            return status, detail
+        waited, limit = self.worker.oldest_wait(), self.config.ready_max_wait
+        if waited > limit:
+            return "degraded", f"the oldest queued request has waited {waited:.1f} s, longer than {limit:g} s"
+        return "ready", None
 
     def ready(self) -> ChatService:
         if self.service is not None and self.service.failure is not None:
@@ -365,6 +383,8 @@ def create_app(
         service = state.ready()
         return {"object": "list", "data": [{"id": m, "object": "model", "created": 0, "owned_by": "hyfunc"} for m in service.model_ids()]}
 
+    # Kept as it was, not an alias of /health/ready: deployments probe it for liveness too, and a
+    # busy server that answered 503 here would be restarted and lose its queue.
     @app.get("/health", response_model=Health, responses={503: {"model": Health}})
     async def health() -> JSONResponse:
         status, detail = state.health()
@@ -372,6 +392,15 @@ def create_app(
         if (log := traffic_health(traffic)) is not None:
             body["traffic"] = log  # the traffic log's counters: written, dropped, lost, ...
         return JSONResponse(body, status_code=200 if status == "ok" else 503)
+
+    @app.get("/health/live", response_model=Liveness)
+    async def live() -> dict:
+        return {"status": "live"}
+
+    @app.get("/health/ready", response_model=Readiness, responses={503: {"model": Readiness}})
+    async def ready() -> JSONResponse:
+        status, detail = state.readiness()
+        return JSONResponse({"status": status, "detail": detail}, status_code=200 if status == "ready" else 503)
 
     # POST /v1/feedback and the traffic log's metrics (traffic_routes.py), when a log is given.
     add_traffic_routes(app, traffic, metrics.registry, lambda request: _authorize(request, config.api_key))

@@ -11,10 +11,12 @@ It swaps the method's library state in and out through the cascade's public API
 takes part. The first request with a new library pays for it: a joint library's prefix pass, or,
 for a library read per function, the per-function embeddings (computed once per model and
 library and cached on disk, see `cascade.library.library_embeddings`, so only the first request
-ever pays that, which takes long for thousands of tools).
+ever pays that, which takes long for thousands of tools). `holds` tells the server, before it
+queues a request, whether its library costs nothing new (`ChatService` caps what a new one may cost).
 """
 from __future__ import annotations
 
+import threading
 import time
 from collections import OrderedDict
 from typing import Any, Sequence
@@ -22,6 +24,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from hyfunc.cascade.library import DISK_CACHE_BYTES
 from hyfunc.formats.schema import Tool
 from hyfunc.routing.store import library_fingerprint
 from hyfunc.serving.metrics import ServerMetrics
@@ -53,10 +56,14 @@ def tensor_bytes(obj: Any, depth: int = 0, seen: set[int] | None = None) -> int:
 
 
 class LibraryCache:
-    def __init__(self, max_entries: int, max_bytes: int, metrics: ServerMetrics | None = None):
-        self.max_entries, self.max_bytes = max_entries, max_bytes
+    """`max_entries` libraries in at most `max_bytes` of memory; `disk_bytes`: the bound of the
+    per-function embeddings' cache on disk, handed to `use_library`."""
+
+    def __init__(self, max_entries: int, max_bytes: int, metrics: ServerMetrics | None = None, disk_bytes: int = DISK_CACHE_BYTES):
+        self.max_entries, self.max_bytes, self.disk_bytes = max_entries, max_bytes, disk_bytes
         self.metrics = metrics
         self._entries: OrderedDict[tuple[int, str], tuple[Any, int]] = OrderedDict()
+        self._lock = threading.Lock()  # `holds` runs in the event loop, beside the worker's changes
         self.hits = self.misses = 0
 
     @staticmethod
@@ -66,6 +73,16 @@ class LibraryCache:
     @property
     def bytes(self) -> int:
         return sum(size for _, size in self._entries.values())
+
+    def holds(self, method: Any, tools: Sequence[Tool]) -> bool:
+        """Whether `select(method, tools)` would build nothing: the state is held in memory, or
+        the method finds the per-function embeddings on disk (`library_stored`)."""
+        if self.supports(method) and self.max_entries > 0:
+            with self._lock:
+                if (id(method), fingerprint(tools)) in self._entries:
+                    return True
+        stored = getattr(method, "library_stored", None)
+        return stored is not None and stored(tools)
 
     def select(self, method: Any, tools: Sequence[Tool]) -> tuple[bool, float]:
         """Make `method`'s library state that of `tools`: (reused?, seconds spent building).
@@ -77,25 +94,30 @@ class LibraryCache:
             if mode is not None and mode(len(tools)) == "per_function":
                 # Cache off, but such a library is only read through its state: build it every time.
                 start = time.perf_counter()
-                method.use_library(list(tools))
+                method.use_library(list(tools), self.disk_bytes)
                 return False, time.perf_counter() - start
             return False, 0.0
         key = (id(method), fingerprint(tools))
-        if key in self._entries:
-            self._entries.move_to_end(key)
-            method.set_library_state(self._entries[key][0])
+        with self._lock:
+            held = self._entries.get(key)
+            if held is not None:
+                self._entries.move_to_end(key)
+        if held is not None:
+            method.set_library_state(held[0])
             self.hits += 1
             if self.metrics:
                 self.metrics.library_hits.inc()
             return True, 0.0
         start = time.perf_counter()
-        method.use_library(list(tools))
+        method.use_library(list(tools), self.disk_bytes)
         seconds = time.perf_counter() - start
         state = method.library_state()
-        self._entries[key] = (state, tensor_bytes(state))
+        size = tensor_bytes(state)
         self.misses += 1
-        while len(self._entries) > self.max_entries or (len(self._entries) > 1 and self.bytes > self.max_bytes):
-            self._entries.popitem(last=False)  # least recently used; the new entry always stays
+        with self._lock:
+            self._entries[key] = (state, size)
+            while len(self._entries) > self.max_entries or (len(self._entries) > 1 and self.bytes > self.max_bytes):
+                self._entries.popitem(last=False)  # least recently used; the new entry always stays
         if self.metrics:
             self.metrics.library_misses.inc()
             self.metrics.library_entries.set(len(self._entries))

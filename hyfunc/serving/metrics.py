@@ -48,6 +48,10 @@ class ServerMetrics:
         self.injected_tokens = Counter("hyfunc:injected_tokens", "Output tokens injected by the templating decoder", registry=r)
         self.waiting = Gauge("hyfunc:num_requests_waiting", "Chat requests queued for the model worker", registry=r)
         self.running = Gauge("hyfunc:num_requests_running", "Chat requests being answered", registry=r)
+        self.oldest_wait = Gauge(
+            "hyfunc:queue_oldest_wait_seconds", "Seconds the oldest queued chat request has waited (0: none waits)",
+            registry=r,
+        )
         self.rejected = Counter("hyfunc:requests_rejected", "Chat requests answered 429 because the queue was full", registry=r)
         self.library_hits = Counter("hyfunc:library_cache_hits", "Requests whose tool library state was reused", registry=r)
         self.library_misses = Counter("hyfunc:library_cache_misses", "Requests that built their tool library state", registry=r)

@@ -192,3 +192,12 @@ class Health(BaseModel):
     status: Literal["ok", "loading", "failed"]
     detail: str | None = None
     traffic: dict | None = None  # the traffic log's counters, when the server logs traffic
+
+
+class Liveness(BaseModel):
+    status: Literal["live"]
+
+
+class Readiness(BaseModel):
+    status: Literal["ready", "degraded", "loading", "failed"]
+    detail: str | None = None

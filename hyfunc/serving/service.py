@@ -2,12 +2,13 @@
 
 `ChatService.prepare` checks a parsed request against what the models can take (400s, in the
 event loop, before the request is queued); `ChatService.route` picks the answering path (the
-router's slot); `ChatService.answer` runs on the model worker: it applies `tool_choice` and
-`parallel_tool_calls`, asks the method, falls back to a forced call or a text reply, builds the
-`ServedRequest` and hands it to the traffic sink. Streaming and non-streaming responses are both
-rendered from the `Outcome` it returns, so they cannot disagree; a streamed request also gets the
-calls as they are written (`on_call`, from a `CallStream` that builds the Outcome's calls too) and
-a text reply as it is written (`on_text`).
+router's slot) and refuses a tool library that path cannot read (400) or that no cache holds and
+takes more than `ServeConfig.max_new_tool_tokens` (413); `ChatService.answer` runs on the model
+worker: it applies `tool_choice` and `parallel_tool_calls`, asks the method, falls back to a
+forced call or a text reply, builds the `ServedRequest` and hands it to the traffic sink.
+Streaming and non-streaming responses are both rendered from the `Outcome` it returns, so they
+cannot disagree; a streamed request also gets the calls as they are written (`on_call`, from a
+`CallStream` that builds the Outcome's calls too) and a text reply as it is written (`on_text`).
 
 A failure of the models themselves (a RuntimeError or MemoryError from an engine, e.g. an
 out-of-memory or a failed llama.cpp decode) may leave a KV state half-written: the service then
@@ -22,8 +23,9 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
+from hyfunc.cascade.library import DISK_CACHE_BYTES
 from hyfunc.formats.calls import Call
 from hyfunc.formats.schema import SchemaError, Tool, parse_tool
 from hyfunc.methods.base import Answer, answer_streaming
@@ -66,6 +68,11 @@ class ServeConfig:
     context_tokens: int | None = None  # default: the large model's max_position_embeddings
     library_cache: int = 8  # tool libraries whose state the cascade keeps (0: off)
     library_cache_bytes: int = 2 * 1024**3
+    library_disk_cache_bytes: int = DISK_CACHE_BYTES  # per-function library embeddings on disk, LRU
+    # Tokens of a tool library no cache holds, per request; then 413 (0: no cap). Generous: a library
+    # of 128 tools read in one prompt fits; a 4,000-tool one is served once its embeddings are on disk.
+    max_new_tool_tokens: int = 32_768
+    ready_max_wait: float = 30.0  # seconds the oldest queued request may wait; then /health/ready is degraded
 
 
 @dataclass
@@ -138,7 +145,7 @@ class ChatService:
             raise ValueError("no method to serve")
         self.methods = dict(methods)
         self.config, self.metrics, self.traffic, self.router = config, metrics, traffic, router
-        self.library = LibraryCache(config.library_cache, config.library_cache_bytes, metrics)
+        self.library = LibraryCache(config.library_cache, config.library_cache_bytes, metrics, config.library_disk_cache_bytes)
         self.calls = CallWriter()
         self.failure: str | None = None  # set by a fatal model error: the service answers no more
         self._text_caches: dict[int, PrefixCache] = {}
@@ -154,6 +161,10 @@ class ChatService:
 
     def count(self, text: str) -> int:
         return len(self._tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def _tool_tokens(self, tools: Sequence[Tool]) -> Iterator[int]:
+        """Each tool's tokens: its JSON schema, as the models read it."""
+        return (self.count(json.dumps(t.to_json_schema(), ensure_ascii=False)) for t in tools)
 
     # -- before the queue ------------------------------------------------------------------
     def prepare(self, request: ChatCompletionRequest) -> Prepared:
@@ -182,7 +193,7 @@ class ChatService:
             tool_tokens = RETRIEVED_TOOLS_TOKENS
         else:
             read = [t for t in tools if t.name == named] if named else tools
-            tool_tokens = sum(self.count(json.dumps(t.to_json_schema(), ensure_ascii=False)) for t in read)
+            tool_tokens = sum(self._tool_tokens(read))
         budget = self.context_tokens - tool_tokens - max_tokens - REPLY_MARGIN
         if budget <= 0:
             raise APIError(
@@ -226,6 +237,7 @@ class ChatService:
             if path not in self.methods:
                 raise RuntimeError(f"the router chose {path!r}; paths: {', '.join(self.methods)}")
         self._check_library(prepared, path)
+        self._check_new_tools(prepared, path)
         return path
 
     def _check_library(self, prepared: Prepared, path: str) -> None:
@@ -241,6 +253,29 @@ class ChatService:
                 "libraries are read per function by a cascade prepared with `hyfunc prepare --library`",
                 param="tools", code="too_many_tools",
             )
+
+    def _check_new_tools(self, prepared: Prepared, path: str) -> None:
+        """A tool library no cache holds costs the models time in proportion to its tokens (a
+        prefix pass, or one pass per tool): past `max_new_tool_tokens` it is refused unqueued."""
+        cap, tools = self.config.max_new_tool_tokens, prepared.tools
+        # Nothing read anew under tool_choice none; a named choice reads one tool, bounded by the context.
+        if not cap or not tools or prepared.choice == "none" or prepared.named:
+            return
+        if self.library.holds(self.methods[path], tools):
+            return
+        total = 0
+        for counted, tokens in enumerate(self._tool_tokens(tools), 1):
+            total += tokens
+            if total > cap:  # stop counting: the rest cannot bring it back under the cap
+                break
+        else:
+            return
+        took = f"its {len(tools)} tools take" if counted == len(tools) else f"the first {counted} of its {len(tools)} tools take"
+        raise APIError(
+            413, f"the request's tool library is new to this server and {took} {total} tokens, more than its cap of "
+            f"{cap} new tool tokens per request: send fewer tools, or start the server with a higher --max-new-tool-tokens",
+            param="tools", code="too_many_tool_tokens",
+        )
 
     # -- on the model worker ---------------------------------------------------------------
     def answer(

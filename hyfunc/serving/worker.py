@@ -9,7 +9,8 @@ once started, its `cancelled` flag lets the parts that can stop early (text repl
 
 `retry_after` tells a refused client when to come back: the mean time the worker spent on its
 recent requests (an exponential average), i.e. about when the running one finishes and a place in
-the queue frees; 1 s before any request has finished.
+the queue frees; 1 s before any request has finished. `oldest_wait` says how long the oldest
+queued request has waited: readiness (/health/ready) and a gauge read it.
 """
 from __future__ import annotations
 
@@ -60,6 +61,9 @@ class ModelWorker:
         self._pending = 0  # queued + running
         self._running = 0
         self._service_seconds: float | None = None  # average time a request held the worker
+        self._queued: dict[Job, None] = {}  # submitted, not started, oldest first (the executor is FIFO)
+        if metrics:
+            metrics.oldest_wait.set_function(self.oldest_wait)  # computed when scraped
 
     @property
     def waiting(self) -> int:
@@ -71,6 +75,12 @@ class ModelWorker:
         with self._lock:
             mean = self._service_seconds
         return 1 if mean is None else max(1, min(RETRY_AFTER_MAX, math.ceil(mean)))
+
+    def oldest_wait(self) -> float:
+        """Seconds the oldest request still queued has waited; 0 when none waits."""
+        with self._lock:
+            oldest = next(iter(self._queued), None)
+        return 0.0 if oldest is None else time.monotonic() - oldest.submitted
 
     def _observe(self, seconds: float) -> None:
         with self._lock:
@@ -85,9 +95,11 @@ class ModelWorker:
                     self.metrics.rejected.inc()
                 raise QueueFull
             self._pending += 1
-        job = Job(time.monotonic() + timeout)
+            job = Job(time.monotonic() + timeout)
+            self._queued[job] = None
 
         def run() -> Any:
+            self._dequeue(job)
             if job.should_stop():
                 raise Cancelled("given up before it started")
             job.started = time.monotonic()
@@ -104,13 +116,18 @@ class ModelWorker:
                     self._running -= 1
 
         job.future = self._executor.submit(run)
-        job.future.add_done_callback(self._done)
+        job.future.add_done_callback(lambda _: self._done(job))
         self._gauges()
         return job
 
-    def _done(self, _: Future) -> None:
+    def _dequeue(self, job: Job) -> None:
+        with self._lock:
+            self._queued.pop(job, None)
+
+    def _done(self, job: Job) -> None:
         with self._lock:
             self._pending -= 1
+            self._queued.pop(job, None)  # cancelled while queued: it never ran
         self._gauges()
 
     def _gauges(self) -> None:
