@@ -7,6 +7,9 @@ import tomllib
 from fnmatch import fnmatch
 from pathlib import Path
 
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
 from hyfunc.data import DATA_DIR, FC_TRAIN, TOOL_LIBRARY
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,8 +47,7 @@ def test_dependencies_are_ranges_and_the_constraints_pin_them():
         if not req.startswith("hyfunc[")
     ]
     assert not [req for req in declared if "==" in req]
-    pinned = {line.split("==")[0].lower().replace("_", "-") for line in
+    pinned = {canonicalize_name(line.split("==")[0]) for line in
               (ROOT / "requirements" / "constraints.txt").read_text().splitlines() if "==" in line}
-    names = {req.split(";")[0].split("[")[0].split(">")[0].split("<")[0].split("=")[0].strip().lower().replace("_", "-")
-             for req in declared}
+    names = {canonicalize_name(Requirement(req).name) for req in declared}
     assert names <= pinned, f"no exact version in requirements/constraints.txt: {sorted(names - pinned)}"

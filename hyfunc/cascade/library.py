@@ -98,19 +98,22 @@ def embeddings_stored(encoder: SoftTokenEncoder, tools: Sequence[Tool]) -> bool:
 
 
 def library_embeddings(encoder: SoftTokenEncoder, tools: list[Tool], max_bytes: int = DISK_CACHE_BYTES) -> torch.Tensor:
-    """(n_tools, H) per-function embeddings, cached in shards; afterwards the cache is trimmed to
-    `max_bytes`, least recently used libraries first (this one always stays)."""
+    """(n_tools, H) per-function embeddings, cached in shards; when it wrote any, the cache is then
+    trimmed to `max_bytes`, least recently used libraries first (this one always stays)."""
     directory = _embeddings_directory(encoder, tools)
     parts = []
+    wrote = False
     with hold(directory), tqdm(total=len(tools), desc="library embeddings", unit="tool") as bar:
         for number, path in enumerate(_shard_paths(directory, len(tools))):
             chunk = tools[number * SHARD_SIZE : (number + 1) * SHARD_SIZE]
             if not path.is_file():
                 with durable_replacement(path) as shard:  # a shard is there whole or not at all
                     save_file({"functions": encoder.embed_functions(chunk)}, str(shard))
+                wrote = True
             parts.append(load_file(str(path))["functions"])
             bar.update(len(chunk))
-        trim(directory.parent, max_bytes)
+        if wrote:  # only a write grows the cache: a read needs no walk over every entry
+            trim(directory.parent, max_bytes)
     return torch.cat(parts)
 
 
