@@ -117,6 +117,20 @@ def test_health_is_503_while_loading(cascade: Any) -> None:
         assert _ask(client).status_code == 200
 
 
+def test_a_loader_that_raises_leaves_the_server_failed_not_loading() -> None:
+    def load() -> Any:
+        raise OSError(28, "No space left on device")  # e.g. converting a model on a full disk
+
+    with TestClient(create_app(load, ServeConfig(**CONFIG))) as client:
+        deadline = time.monotonic() + 10
+        while client.get("/health").json()["status"] == "loading" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        health = client.get("/health")
+        assert health.status_code == 503 and health.json()["status"] == "failed"
+        assert "No space left on device" in health.json()["detail"]
+        assert client.get("/health/ready").json()["status"] == "failed"
+
+
 def _metric(client: TestClient, name: str) -> float:
     return float(next(line.split()[-1] for line in client.get("/metrics").text.splitlines() if line.startswith(name)))
 

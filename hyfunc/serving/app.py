@@ -93,9 +93,11 @@ class _State:
         self.status, self.detail = "loading", None
         self.worker = ModelWorker(config.max_queue, metrics)
 
-    def load(self, methods: Methods) -> None:
+    def load(self, load_methods: Callable[[], Methods]) -> None:
+        # The loader runs inside the try: a model that fails to load must show as "failed", not leave
+        # the server "loading" for ever.
         try:
-            self.service = ChatService(_as_paths(methods), self.config, self.metrics, self.traffic, self.router)
+            self.service = ChatService(_as_paths(load_methods()), self.config, self.metrics, self.traffic, self.router)
             self.status = "ok"
         except Exception as err:  # noqa: BLE001 - reported by /health and by 503s
             log.exception("loading the models failed")
@@ -234,12 +236,12 @@ def create_app(
     state = _State(config, metrics, traffic, router)
     loader = serves if callable(serves) and not hasattr(serves, "answer") and not isinstance(serves, Mapping) else None
     if loader is None:
-        state.load(serves)
+        state.load(lambda: serves)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         if loader is not None:
-            threading.Thread(target=lambda: state.load(loader()), name="hyfunc-load", daemon=True).start()
+            threading.Thread(target=state.load, args=(loader,), name="hyfunc-load", daemon=True).start()
         yield
         # Graceful shutdown: uvicorn has finished the open requests; let the worker drain.
         await asyncio.to_thread(state.worker.shutdown)
