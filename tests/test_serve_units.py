@@ -34,19 +34,24 @@ HISTORY = [
 ]
 
 
-def test_the_methods_read_the_whole_conversation() -> None:
+def test_the_methods_read_the_whole_conversation_as_chat_messages() -> None:
     conv = _conversation(HISTORY)
-    system, user = conv.method_messages()
-    assert system == {"role": "system", "content": "Be brief."}
-    text = user["content"]
+    messages = conv.method_messages()
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "tool", "assistant", "user"]
+    # arguments as a dict (templates render them with tojson), the result linked to its call
+    assert messages[2]["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": {"city": "Paris"}}
+    assert messages[3] == {"role": "tool", "tool_call_id": "c1", "content": "18 C"}
+    text = conv.transcript()  # what the parts trained on one request text read
     order = ["User: Weather in Paris?", 'Assistant called get_weather({"city": "Paris"})', "Result of get_weather: 18 C",
              "Assistant: 18 C in Paris.", "Request: And in Berlin?"]
     assert [text.index(piece) for piece in order] == sorted(text.index(piece) for piece in order)
+    assert not conv.follows_tool_results and _conversation(HISTORY[:4]).follows_tool_results
     # a single request passes through unchanged
-    assert _conversation(HISTORY[:2]).method_messages()[1] == {"role": "user", "content": "Weather in Paris?"}
+    single = _conversation(HISTORY[:2])
+    assert single.method_messages()[1] == {"role": "user", "content": "Weather in Paris?"}
+    assert single.transcript() == "Weather in Paris?"
     chat = conv.chat_messages("hint")
-    assert [m["role"] for m in chat] == ["system", "user", "assistant", "user", "assistant", "user"]
-    assert chat[0]["content"].endswith("hint") and "Result of get_weather: 18 C" in chat[3]["content"]
+    assert chat[0]["content"].endswith("hint") and chat[1:] == messages[1:]
 
 
 def test_calls_already_answered_are_known_and_old_turns_go_first() -> None:
@@ -56,7 +61,9 @@ def test_calls_already_answered_are_known_and_old_turns_go_first() -> None:
     words = lambda text: len(text.split())  # noqa: E731 - a token counter for the test
     full = _conversation(HISTORY)
     bounded = full.bounded(words(full.transcript()) - 1, words)
-    assert bounded.dropped >= 1 and bounded.request == "And in Berlin?" and "Weather in Paris" not in bounded.transcript()
+    assert bounded.request == "And in Berlin?" and "Weather in Paris" not in bounded.transcript()
+    # the earlier exchange goes whole: no tool result is kept without the call it answers
+    assert bounded.dropped == 4 and [t.role for t in bounded.turns] == ["user"]
 
 
 

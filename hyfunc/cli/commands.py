@@ -12,7 +12,7 @@ from typing import Any
 
 from hyfunc.cascade.manifest import MANIFEST
 from hyfunc.cli.checks import check_method_options, format_answer, one_line
-from hyfunc.config import threads
+from hyfunc.config import hyfunc_home, threads
 from hyfunc.errors import InputError
 from hyfunc.formats.calls import render_python_calls
 from hyfunc.formats.schema import parse_tools
@@ -127,6 +127,8 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         print(json.dumps({"artifact": args.out, "off_topic_gate": metrics}, indent=2))
         return 0
 
+    if args.next_step_only:
+        return _prepare_next_step(args)
     config = PrepareConfig(
         large_model=args.large, small_model=args.small, data=args.data, sft_epochs=args.epochs,
         lora_rank=args.lora_rank, max_examples=args.max_examples, sft_max_items=args.sft_max_items, seed=args.seed,
@@ -135,6 +137,20 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     )
     manifest = prepare(config, Path(args.out))
     print(json.dumps({"artifact": args.out, "metrics": manifest["metrics"], "seconds": manifest["seconds"]}, indent=2))
+    return 0
+
+
+def _prepare_next_step(args: argparse.Namespace) -> int:
+    from hyfunc.cascade.next_step_training import prepare_next_step
+    from hyfunc.eval.next_step_report import write_report
+
+    out = Path(args.out)
+    if not (out / MANIFEST).is_file():
+        raise InputError(f"--next-step-only: {args.out} is not a prepared cascade (no manifest.json)")
+    record = prepare_next_step(out, args.data, args.per_source, args.engine, hyfunc_home() / "next-step-cache", args.seed)
+    if args.report:
+        write_report(Path(args.report), record, sys.argv)
+    print(json.dumps({"artifact": args.out, "threshold": record["threshold"], "held_out": record["held_out"]}, indent=2))
     return 0
 
 

@@ -19,6 +19,12 @@ An artifact directory (written by `hyfunc prepare`) holds what was trained::
     adapter/             LoRA adapter of the small model (peft), optional
     library_retriever/   retriever for a large library in per-function mode, optional
     off_topic/           the off-topic gate (cascade/off_topic.py), optional
+    next_step/           answer or call after tool results (cascade/next_step.py), optional
+
+After tool results (an agent loop's next turn), the large model reads the conversation in its
+own chat template, and the artifact's next-step head (`next_step/`, cascade/next_step.py) decides
+from that pass whether the request is done: then no call is made and the server writes the answer
+from the results; otherwise the cascade goes on as for a first request.
 
 With an off-topic gate in the artifact, small talk and general questions are refused after step 1
 when both its detectors agree (MiniLM finds no offered tool close, the soft token reads off-topic),
@@ -38,6 +44,7 @@ from hyfunc.cascade.large_values import LargeValueWriter
 from hyfunc.cascade.lexical import lexical_scores
 from hyfunc.cascade.library import DISK_CACHE_BYTES, PerFunctionLibrary, embeddings_stored
 from hyfunc.cascade.manifest import MANIFEST
+from hyfunc.cascade.next_step import NEXT_STEP_DIR, NextStepHead
 from hyfunc.cascade.off_topic import GATE_DIR, OffTopicGate
 from hyfunc.cascade.retriever import Retriever
 from hyfunc.cascade.small_model import (
@@ -51,7 +58,7 @@ from hyfunc.cascade.soft_token import Encoding, LibraryCache, SoftTokenEncoder
 from hyfunc.cascade.templating import TemplateDecoder
 from hyfunc.errors import InputError
 from hyfunc.formats.calls import CallParseError, parse_calls
-from hyfunc.formats.messages import request_text
+from hyfunc.formats.messages import conversation_text, ends_with_tool_results
 from hyfunc.formats.schema import Tool
 from hyfunc.methods.base import Answer, calls_text
 from hyfunc.models.base import BackendBase, PrefixCache, StepOutput
@@ -132,7 +139,7 @@ class SharedLargePass:
 def _request_text(messages: Sequence[dict]) -> str:
     if not any(m.get("role") == "user" for m in messages):
         raise InputError("the request has no user message")
-    return request_text(messages)
+    return conversation_text(messages)
 
 
 class HyFuncMethod:
@@ -147,8 +154,10 @@ class HyFuncMethod:
         shared_pass: SharedLargePass | None = None,
         library_retriever: Retriever | None = None,
         gate: OffTopicGate | None = None,
+        next_step: NextStepHead | None = None,
     ):
         self.large, self.small = large, small
+        self.next_step = next_step  # after tool results: answer in text, or go on to a call
         self.encoder = SoftTokenEncoder(large)
         self.retriever = retriever
         self.library_retriever = library_retriever
@@ -181,7 +190,7 @@ class HyFuncMethod:
         request's large-model pass, so a side-by-side run pays for it once."""
         variant = HyFuncMethod(
             self.large, self.small, self.retriever, self.projector, options, name, self._shared_pass(), self.library_retriever,
-            self.gate,
+            self.gate, self.next_step,
         )
         variant.artifact = self.artifact
         return variant
@@ -206,8 +215,9 @@ class HyFuncMethod:
         retriever = Retriever.load(directory / "retriever")
         library_retriever = Retriever.load(directory / "library_retriever") if (directory / "library_retriever").is_dir() else None
         gate = OffTopicGate.load(directory / GATE_DIR) if (directory / GATE_DIR).is_dir() else None
+        next_step = NextStepHead.load(directory / NEXT_STEP_DIR) if (directory / NEXT_STEP_DIR).is_dir() else None
         method = cls(large, small, retriever, projector, options, name=f"hyfunc:{directory.name}",
-                     library_retriever=library_retriever, gate=gate)
+                     library_retriever=library_retriever, gate=gate, next_step=next_step)
         method.artifact = directory
         # The decoder's vocabulary tables take about a second to build: at load, not in the first request.
         method.decoder.vocab(int(small.forward(ids=small.encode("[")).logits.shape[-1]))
@@ -226,6 +236,7 @@ class HyFuncMethod:
             "retriever": asdict(self.retriever.config),
             "library_retriever": self.library_retriever is not None,
             "off_topic_gate": asdict(self.gate.config) if self.gate is not None else None,
+            "next_step": self.next_step.config.threshold if self.next_step is not None else None,
             "max_prompt_tools": self.MAX_PROMPT_TOOLS,
         }
 
@@ -321,6 +332,15 @@ class HyFuncMethod:
         suspected = screened == "suspected"
         per_function = self._per_function if self._per_function is not None and self._per_function.tools == list(tools) else None
         encoding, reused, retriever = self._encode(messages, tools, per_function)
+        if self.next_step is not None and per_function is None and ends_with_tool_results(messages):
+            p_answer = float(self.next_step.p_answer(encoding.soft_token))
+            if p_answer >= self.next_step.config.threshold:  # the request is done: a text answer, no call
+                if on_text is not None:
+                    on_text(calls_text([]))
+                timings["large_prefill"] = encoding.seconds
+                return Answer(calls=[], input_tokens=encoding.input_tokens, cached_tokens=encoding.cached_tokens,
+                              timings=timings, reused_seconds=encoding.seconds if reused else 0.0,
+                              details={"next_step": "answer", "p_answer": round(p_answer, 4)})
         start = time.perf_counter()
         if per_function is not None:
             scored = per_function.score(self.encoder, retriever, request, encoding.soft_token)

@@ -15,9 +15,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable, Protocol, Sequence
 
+import jinja2
 import torch
+
+from hyfunc.formats.messages import call_arguments, call_name, content_text, has_tool_turns, plain_chat
 
 
 class KVState(Protocol):
@@ -86,10 +90,21 @@ class BackendBase:
 
     # -- prompting -------------------------------------------------------------------------
     def chat_prompt(self, messages: Sequence[dict], tools: Sequence[dict] | None = None) -> str:
-        """Render chat messages (and OpenAI-style tool dicts) with the model's own chat template."""
-        return self.tokenizer.apply_chat_template(
-            list(messages), tools=list(tools) if tools else None, tokenize=False, add_generation_prompt=True
-        )
+        """Render chat messages (and OpenAI-style tool dicts) with the model's own chat template.
+        Tool calls and results go in as the template renders them; a template that cannot (it
+        raises, or leaves a call or a result out) gets them as plain turns (`formats.messages.plain_chat`)."""
+        messages = [_with_dict_arguments(m) for m in messages]
+        render = partial(self.tokenizer.apply_chat_template, tools=list(tools) if tools else None, tokenize=False,
+                         add_generation_prompt=True)
+        if not has_tool_turns(messages):
+            return render(messages)
+        try:
+            text = render(messages)
+        except jinja2.TemplateError:
+            return render(plain_chat(messages))
+        shown = [content_text(m.get("content")) for m in messages if m.get("role") == "tool"]
+        shown += [call_name(c) for m in messages for c in m.get("tool_calls") or []]
+        return text if all(piece in text for piece in shown) else render(plain_chat(messages))
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -180,3 +195,12 @@ class PrefixCache:
         step = self.backend.forward(ids=ids[shared:], cache=cache)
         self._ids, self._cache = ids, step.cache
         return step, shared
+
+
+def _with_dict_arguments(message: dict) -> dict:
+    """Templates render a call's arguments with `tojson`: the wire form (a JSON string) would be
+    quoted twice."""
+    if not message.get("tool_calls"):
+        return message
+    calls = [{**c, "function": {**c.get("function", {}), "arguments": call_arguments(c)}} for c in message["tool_calls"]]
+    return {**message, "tool_calls": calls}

@@ -1,19 +1,15 @@
-"""A whole OpenAI conversation, read into the forms the models take.
+"""A whole OpenAI conversation, checked and read into the forms the models take.
 
-The methods (`Method.answer`) take chat messages but were trained on single requests: the
-cascade's small model reads only the last user message, and both the cascade's soft token and
-BFCL's direct prompt were tuned on one user turn. So a conversation with history is given to the
-methods as ONE user message, a transcript of the earlier turns (earlier requests, the assistant's
-calls and texts, the tool results) followed by the current request. "And in Berlin?" then arrives
-with "get_weather({"city": "Paris"})" in front of it, which is what the small model needs to write
-`get_weather(city="Berlin")`; a single-turn request passes through unchanged.
-
-Text replies are written by the large model from a plain chat (system / user / assistant turns;
-tool results become user turns, calls become assistant text), which any chat template renders.
+The methods get the conversation as chat messages (`method_messages`: system, user, assistant
+calls and tool results, `formats.messages`), which the large model reads through its own chat
+template, calls and results included, as a chat model would; the parts trained on one request
+text read its transcript (`formats.messages.conversation_text`). Text replies are written by the
+large model from the same chat messages, with a hint in the system prompt (`chat_messages`).
 
 Bounding: when the conversation does not fit the context budget, the OLDEST turns before the
 current request are left out first (the system prompt, the current request and what followed
-it are always kept); if even those do not fit, the request is refused (400).
+it are always kept), and the response's usage says how many; if even those do not fit, the
+request is refused (400).
 """
 from __future__ import annotations
 
@@ -22,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 from hyfunc.formats.calls import Call, CallParseError, from_openai_tool_calls
+from hyfunc.formats.messages import conversation_text
 from hyfunc.serving.errors import APIError, bad_request
 from hyfunc.serving.protocol import (
     AssistantMessage,
@@ -37,21 +34,22 @@ class Turn:
     role: str  # user | assistant | tool
     text: str = ""
     calls: list[Call] = field(default_factory=list)  # assistant turns: the calls it made
+    call_ids: list[str] = field(default_factory=list)  # assistant turns: the calls' ids, in order
     tool_name: str = ""  # tool turns: the tool whose result this is
+    call_id: str = ""  # tool turns: the call it answers
 
-    def line(self) -> str:
-        """One transcript line of the turn (what the methods read)."""
-        if self.role == "user":
-            return f"User: {self.text}"
-        if self.role == "tool":
-            return f"Result of {self.tool_name}: {self.text}"
-        parts = [f"Assistant: {self.text}"] if self.text else []
-        parts += [f"Assistant called {render_call(c)}" for c in self.calls]
-        return "\n".join(parts)
-
-
-def render_call(call: Call) -> str:
-    return f"{call.name}({json.dumps(call.arguments, ensure_ascii=False)})"
+    def message(self) -> dict:
+        """The turn as a chat message (arguments as a dict: chat templates render them as JSON)."""
+        if self.role != "assistant":
+            return {"role": "tool", "tool_call_id": self.call_id, "content": self.text} if self.role == "tool" else {
+                "role": "user", "content": self.text}
+        message: dict = {"role": "assistant", "content": self.text}
+        if self.calls:
+            message["tool_calls"] = [
+                {"id": i, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for i, c in zip(self.call_ids, self.calls)
+            ]
+        return message
 
 
 def call_key(call: Call) -> str:
@@ -69,6 +67,10 @@ class Conversation:
     def request(self) -> str:
         return self.turns[self.current].text
 
+    @property
+    def follows_tool_results(self) -> bool:
+        return self.turns[-1].role == "tool"
+
     def answered_calls(self) -> set[str]:
         """Calls the assistant already made for the current request and got results for: making
         them again would loop an agent forever, so under `auto` they are not repeated."""
@@ -76,42 +78,22 @@ class Conversation:
         return {call_key(c) for t in self.turns[self.current + 1 :] for c in t.calls if c.name in done}
 
     def method_messages(self) -> list[dict]:
-        """What `Method.answer` reads: the request alone, or a transcript ending with it."""
+        """What `Method.answer` reads: the system prompt and the turns as chat messages."""
         out = [{"role": "system", "content": self.system}] if self.system else []
-        if len(self.turns) == 1:
-            return out + [{"role": "user", "content": self.request}]
-        return out + [{"role": "user", "content": self.transcript()}]
+        return out + [t.message() for t in self.turns]
 
     def transcript(self) -> str:
-        before = [t.line() for t in self.turns[: self.current]]
-        after = [t.line() for t in self.turns[self.current + 1 :]]
-        text = ""
-        if before:
-            text += "Conversation so far:\n" + "\n".join(before) + "\n\n"
-        text += f"Request: {self.request}"
-        if after:
-            text += "\n\nDone so far for this request:\n" + "\n".join(after)
-        return text
+        return conversation_text(self.method_messages())
 
     def chat_messages(self, hint: str = "") -> list[dict]:
-        """Plain chat turns for a text reply; consecutive turns of one role are merged, since
-        some chat templates require alternating roles."""
+        """The chat messages a text reply is written from: `hint` joins the system prompt."""
         system = "\n\n".join(s for s in (self.system, hint) if s)
-        out: list[dict] = [{"role": "system", "content": system}] if system else []
-        for turn in self.turns:
-            role = "assistant" if turn.role == "assistant" else "user"
-            text = turn.line().removeprefix("Assistant: ") if role == "assistant" else (
-                turn.text if turn.role == "user" else turn.line()
-            )
-            if out and out[-1]["role"] == role:
-                out[-1]["content"] += "\n\n" + text
-            else:
-                out.append({"role": role, "content": text})
-        return out
+        return ([{"role": "system", "content": system}] if system else []) + [t.message() for t in self.turns]
 
     def bounded(self, budget: int, count: Callable[[str], int]) -> Conversation:
         """The conversation without its oldest turns, so that its transcript takes at most
-        `budget` tokens (as counted by `count`); 400 when the current request alone is too long."""
+        `budget` tokens (as counted by `count`); 400 when the current request alone is too long.
+        A tool result is never kept without the call it answers: turns go up to the next user turn."""
         conv = self
         while count(conv.system + conv.transcript()) > budget:
             if conv.current == 0:
@@ -122,7 +104,8 @@ class Conversation:
                     param="messages",
                     code="context_length_exceeded",
                 )
-            conv = replace(conv, turns=conv.turns[1:], current=conv.current - 1, dropped=conv.dropped + 1)
+            cut = 1 + next((i for i, t in enumerate(conv.turns[1:]) if t.role == "user"), conv.current - 1)
+            conv = replace(conv, turns=conv.turns[cut:], current=conv.current - cut, dropped=conv.dropped + cut)
         return conv
 
 
@@ -160,7 +143,8 @@ def read_conversation(messages: Sequence[SystemMessage | UserMessage | Assistant
                 raise bad_request(f"{where}.tool_calls: {err}", param=f"{where}.tool_calls") from None
             for tc in msg.tool_calls or []:
                 call_names[tc.id] = tc.function.name
-            turns.append(Turn("assistant", content_text(msg.content, f"{where}.content"), calls=calls))
+            ids = [tc.id for tc in msg.tool_calls or []]
+            turns.append(Turn("assistant", content_text(msg.content, f"{where}.content"), calls=calls, call_ids=ids))
         else:
             if msg.tool_call_id not in call_names:
                 raise bad_request(
@@ -168,7 +152,8 @@ def read_conversation(messages: Sequence[SystemMessage | UserMessage | Assistant
                     f"no call has id {msg.tool_call_id!r}",
                     param=f"{where}.tool_call_id",
                 )
-            turns.append(Turn("tool", content_text(msg.content, f"{where}.content"), tool_name=call_names[msg.tool_call_id]))
+            turns.append(Turn("tool", content_text(msg.content, f"{where}.content"), tool_name=call_names[msg.tool_call_id],
+                              call_id=msg.tool_call_id))
     users = [i for i, t in enumerate(turns) if t.role == "user"]
     if not users:
         raise bad_request("messages: the conversation has no user message to answer", param="messages")

@@ -153,6 +153,7 @@ class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    trimmed_messages: int | None = None  # the oldest messages left out to fit the model's context
 
 
 class ChatCompletion(BaseModel):

@@ -102,6 +102,7 @@ class Outcome:
     prompt_tokens: int
     completion_tokens: int
     timings: dict[str, float]
+    trimmed_messages: int = 0  # the oldest turns left out to fit the context
 
 
 #: Picks the answering path for a request: a key of the app's methods (e.g. "small", "cascade").
@@ -361,7 +362,7 @@ class ChatService:
         self.metrics.observe_stages(timings)
         outcome = Outcome(
             prepared.request_id, prepared.created, prepared.request.model, path, tool_calls, text,
-            finish, prompt_tokens, completion_tokens, timings,
+            finish, prompt_tokens, completion_tokens, timings, conv.dropped,
         )
         self._record(prepared, outcome, calls, method, "; ".join(notes) or None)
         return outcome

@@ -17,11 +17,14 @@ DONE = b"data: [DONE]\n\n"
 
 
 def usage(outcome: Outcome) -> dict[str, int]:
-    return {
+    """OpenAI's counts, plus `trimmed_messages` when the oldest messages were left out to fit the
+    context (clients that do not know the field ignore it)."""
+    counts = {
         "prompt_tokens": outcome.prompt_tokens,
         "completion_tokens": outcome.completion_tokens,
         "total_tokens": outcome.prompt_tokens + outcome.completion_tokens,
     }
+    return counts | ({"trimmed_messages": outcome.trimmed_messages} if outcome.trimmed_messages else {})
 
 
 def completion_body(outcome: Outcome) -> dict[str, Any]:

@@ -1,0 +1,145 @@
+"""Agent conversations built from single-turn examples: the step after a tool result.
+
+An agent sends a tool's result back and expects the next step: a text answer when the request is
+done, or another call when part of it is still open. fc-train holds requests with their gold
+calls but no results, so the conversations are extended call -> plausible result -> next step:
+
+- every call made and answered (in one assistant turn, or one call per turn)   -> "answer"
+- only the first k of n calls made and answered                                -> "call"
+- two requests of one source joined into one ("... Also, ..."), their tools
+  offered together: after the first request's calls -> "call", after both -> "answer"
+
+Results are synthesized from the call (its arguments and an outcome), as JSON or prose, so the
+decision is learned from what was asked and what was done, not from any result's wording.
+"""
+from __future__ import annotations
+
+import json
+import random
+import re
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+from hyfunc.cascade.data import Example
+from hyfunc.formats.schema import Tool
+
+ANSWER, CALL = "answer", "call"
+JOINERS = (" Also, ", " After that, ", "\n", " And ")
+
+
+@dataclass
+class AgentStep:
+    """A conversation that ends with tool results, and what the assistant should do next."""
+
+    id: str
+    source: str
+    messages: list[dict]  # user / assistant (tool_calls) / tool chat messages
+    tools: list[Tool]
+    label: str  # ANSWER | CALL
+    remaining: list[dict] = field(default_factory=list)  # the calls still to make (CALL)
+
+
+def _words(name: str) -> str:
+    spaced = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", " ", name)
+    return re.sub(r"[_\-.]+", " ", spaced).strip().lower()
+
+
+def _outcome(call: dict, rng: random.Random) -> object:
+    kind = rng.randrange(6)
+    if kind == 0:
+        return round(rng.uniform(1, 500), rng.choice((0, 1, 2)))
+    if kind == 1:
+        return rng.choice(("completed", "success", "confirmed", "found", "available", "updated"))
+    if kind == 2:
+        return f"{rng.choice('ABCDEFGHJKLMNPQRSTUVWXYZ')}{rng.randint(1000, 99999)}"
+    if kind == 3:
+        return [f"{_words(call['name']).split(' ')[-1]} {i + 1}" for i in range(rng.randint(1, 3))]
+    if kind == 4:
+        return f"{rng.randint(1, 28):02d}/{rng.randint(1, 12):02d}/{rng.randint(2019, 2026)} {rng.randint(0, 23):02d}:{rng.choice(('00', '15', '30', '45'))}"
+    return {"count": rng.randint(0, 40), "items": rng.randint(0, 5)}
+
+
+def tool_result(call: dict, rng: random.Random) -> str:
+    """A plausible result of `call` ({"name", "arguments"}), as JSON or as a sentence."""
+    arguments = call.get("arguments") or {}
+    outcome = _outcome(call, rng)
+    style = rng.randrange(3)
+    if style == 0:
+        return json.dumps({"status": "success", **arguments, "result": outcome}, ensure_ascii=False)
+    if style == 1:
+        return json.dumps({"result": outcome}, ensure_ascii=False)
+    shown = ", ".join(f"{k} {v}" for k, v in list(arguments.items())[:3])
+    outcome_text = outcome if isinstance(outcome, str) else json.dumps(outcome, ensure_ascii=False)
+    return f"{_words(call['name']).capitalize()}{' for ' + shown if shown else ''}: {outcome_text}."
+
+
+def _call_turns(calls: Sequence[dict], prefix: str, rng: random.Random, together: bool) -> list[dict]:
+    """The assistant's calls and their results: all calls in one turn then their results, or one
+    call and its result at a time."""
+    ids = [f"call_{prefix}_{i}" for i in range(len(calls))]
+    wire = [{"id": i, "type": "function", "function": {"name": c["name"], "arguments": c.get("arguments") or {}}}
+            for i, c in zip(ids, calls)]
+    results = [{"role": "tool", "tool_call_id": i, "content": tool_result(c, rng)} for i, c in zip(ids, calls)]
+    if together:
+        return [{"role": "assistant", "content": "", "tool_calls": wire}, *results]
+    return [m for w, r in zip(wire, results) for m in ({"role": "assistant", "content": "", "tool_calls": [w]}, r)]
+
+
+def _calls(example: Example) -> list[dict]:
+    return [{"name": c.name, "arguments": dict(c.arguments)} for c in example.answers]
+
+
+def _steps_of(example: Example, rng: random.Random) -> Iterable[AgentStep]:
+    calls = _calls(example)
+    user = {"role": "user", "content": example.query}
+    together = rng.random() < 0.5
+    yield AgentStep(example.id, example.source, [user, *_call_turns(calls, "a", rng, together)], list(example.tools), ANSWER)
+    if len(calls) > 1:
+        k = rng.randint(1, len(calls) - 1)
+        done = _call_turns(calls[:k], "p", rng, together)
+        yield AgentStep(f"{example.id}:first{k}", example.source, [user, *done], list(example.tools), CALL, calls[k:])
+
+
+def _joined(first: Example, second: Example, rng: random.Random) -> Iterable[AgentStep]:
+    """Two requests asked at once: after the first one's calls the second is still open."""
+    tools = list(first.tools) + list(second.tools)
+    query = first.query.rstrip() + rng.choice(JOINERS) + second.query.lstrip()
+    user = {"role": "user", "content": query}
+    together = rng.random() < 0.5
+    head = _call_turns(_calls(first), "j1", rng, together)
+    rid = f"{first.id}+{second.id}"
+    yield AgentStep(f"{rid}:first", first.source, [user, *head], tools, CALL, _calls(second))
+    tail = _call_turns(_calls(second), "j2", rng, together)
+    yield AgentStep(rid, first.source, [user, *head, *tail], tools, ANSWER)
+
+
+def agent_steps(examples: Sequence[Example], per_source: int, seed: int = 0) -> list[AgentStep]:
+    """Up to `per_source` steps of each label from each source's examples with calls (refusals
+    have no result to follow). Joined requests fill the "call" side where a source has few
+    multi-call examples; their tools must not overlap, so each call's tool stays unambiguous."""
+    rng = random.Random(seed)
+    by_source: dict[str, list[Example]] = {}
+    for example in examples:
+        if example.answers:
+            by_source.setdefault(example.source, []).append(example)
+    out: list[AgentStep] = []
+    for source in sorted(by_source):
+        pool = list(by_source[source])
+        rng.shuffle(pool)
+        steps: dict[str, list[AgentStep]] = {ANSWER: [], CALL: []}
+        for example in pool:
+            for step in _steps_of(example, rng):
+                steps[step.label].append(step)
+        for first, second in zip(pool[::2], pool[1::2]):
+            if len(steps[CALL]) >= per_source and len(steps[ANSWER]) >= per_source:
+                break
+            if {t.name for t in first.tools} & {t.name for t in second.tools}:
+                continue
+            for step in _joined(first, second, rng):
+                steps[step.label].append(step)
+        # Answers from single requests and from joined ones alike, so that neither form alone
+        # tells the label.
+        for label in (ANSWER, CALL):
+            rng.shuffle(steps[label])
+            out += steps[label][:per_source]
+    return out

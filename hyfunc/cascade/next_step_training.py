@@ -1,0 +1,115 @@
+"""`hyfunc prepare-next-step`: train a cascade's next-step head and score it on held-out sources.
+
+1. build agent conversations from fc-train (`agent_steps.py`), up to N of each label per source;
+2. one pass of the cascade's large model over each (as served: instruction + tools in the system
+   prompt, the conversation in the chat template) -> its soft token; kept in a cache file, so a
+   rerun with the same model and conversations runs no model;
+3. leave-one-source-out: each source scored by a head trained on the others; the threshold with
+   the best mean accuracy over sources;
+4. the head trained on every source, with that threshold, written into the artifact
+   (`next_step/`), and the held-out figures into a report.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from safetensors.torch import load_file, save_file
+from tqdm.auto import tqdm
+
+from hyfunc.cascade.agent_steps import ANSWER, AgentStep, agent_steps
+from hyfunc.cascade.data import load_examples
+from hyfunc.cascade.manifest import MANIFEST
+from hyfunc.cascade.next_step import NEXT_STEP_DIR, NextStepConfig, best_threshold, fit_head, held_out_scores
+from hyfunc.cascade.soft_token import SoftTokenEncoder
+from hyfunc.durable import write_durably
+from hyfunc.models.engines import load_backend
+
+log = logging.getLogger("hyfunc.next_step")
+
+
+def _steps_key(model: str, engine: str, steps: Sequence[AgentStep]) -> str:
+    text = json.dumps([model, engine, [[s.id, s.messages, [t.to_json_schema() for t in s.tools]] for s in steps]],
+                      sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def encode_steps(encoder: SoftTokenEncoder, steps: Sequence[AgentStep], cache: Path | None) -> torch.Tensor:
+    """(n, H) soft tokens of the conversations, read from / written to `cache` when given."""
+    if cache is not None and cache.is_file():
+        return load_file(str(cache))["soft_tokens"]
+    # Conversations built from one example share its tools: their [instruction + tools] prefix is
+    # run once (exact, as in serving with a fixed library).
+    groups: dict[str, list[int]] = {}
+    for i, step in enumerate(steps):
+        groups.setdefault(json.dumps([t.to_json_schema() for t in step.tools], sort_keys=True), []).append(i)
+    rows: dict[int, torch.Tensor] = {}
+    with tqdm(total=len(steps), desc="large-model passes", unit="conversation") as bar:
+        for members in groups.values():
+            library = encoder.build_library(steps[members[0]].tools) if len(members) > 1 else None
+            for i in members:
+                rows[i] = encoder.encode(steps[i].messages, library or steps[i].tools).soft_token
+                bar.update()
+    soft = torch.stack([rows[i] for i in range(len(steps))])
+    if cache is not None:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        save_file({"soft_tokens": soft.contiguous()}, str(cache))
+    return soft
+
+
+def source_figures(scores: torch.Tensor, answers: torch.Tensor, sources: Sequence[str], threshold: float) -> dict:
+    """Per source and overall: conversations, accuracy, and each label's recall at `threshold`."""
+    out = {}
+    for source in [*sorted(set(sources)), "all"]:
+        mask = torch.tensor([source in ("all", s) for s in sources])
+        said, gold = scores[mask] >= threshold, answers[mask].bool()
+        out[source] = {
+            "n": int(mask.sum()),
+            "accuracy": round(float((said == gold).float().mean()), 4),
+            "answer_recall": round(float(said[gold].float().mean()), 4) if gold.any() else None,
+            "call_recall": round(float((~said[~gold]).float().mean()), 4) if (~gold).any() else None,
+        }
+    return out
+
+
+def prepare_next_step(artifact: Path, data: Sequence[str], per_source: int, engine: str, cache_dir: Path | None,
+                      seed: int = 0) -> dict:
+    """Train and save the head into `artifact`; returns the held-out record (also in its manifest)."""
+    manifest = json.loads((artifact / MANIFEST).read_text())
+    steps = agent_steps(load_examples(list(data)), per_source, seed)
+    answers = torch.tensor([s.label == ANSWER for s in steps])
+    sources = [s.source for s in steps]
+    large = load_backend(manifest["large_model"], engine, role="large")
+    cache = cache_dir / f"next-step-{_steps_key(large.name, large.description, steps)}.safetensors" if cache_dir else None
+    start = time.perf_counter()
+    soft = encode_steps(SoftTokenEncoder(large), steps, cache)
+    seconds = time.perf_counter() - start
+    config = NextStepConfig(large_model=large.name)
+    scores = held_out_scores(soft, answers, sources, config)
+    config.threshold = best_threshold(scores, answers, sources)
+    record = {
+        "conversations": len(steps),
+        "per_source": per_source,
+        "seed": seed,
+        "data": [str(d) for d in data],
+        "engine": large.description,
+        "encode_seconds": round(seconds, 1),
+        "threshold": config.threshold,
+        "held_out": source_figures(scores, answers, sources, config.threshold),
+        "held_out_at_0.5": source_figures(scores, answers, sources, 0.5),
+    }
+    config.training = record
+    head = fit_head(soft, answers, config)
+    head.save(artifact / NEXT_STEP_DIR)
+    manifest.setdefault("metrics", {})["next_step"] = {k: record[k] for k in ("conversations", "threshold", "held_out")}
+    write_durably(artifact / MANIFEST, json.dumps(manifest, indent=2))
+    record["misses"] = [
+        {"id": s.id, "source": s.source, "label": s.label, "p_answer": round(float(p), 4)}
+        for s, p in zip(steps, scores) if (float(p) >= config.threshold) != (s.label == ANSWER)
+    ]
+    return record

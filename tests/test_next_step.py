@@ -1,0 +1,147 @@
+"""The step after a tool result: conversations in chat form, the agent data built from fc-train,
+the next-step head, and the cascade and server deciding with it (tiny random models)."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import torch
+from fastapi.testclient import TestClient
+
+from hyfunc.cascade.agent_steps import ANSWER, CALL, agent_steps, tool_result
+from hyfunc.cascade.data import load_examples
+from hyfunc.cascade.next_step import NextStepConfig, NextStepHead, best_threshold, fit_head, held_out_scores
+from hyfunc.data import FC_TRAIN
+from hyfunc.formats.messages import conversation_text, plain_chat
+from hyfunc.formats.schema import parse_tools
+from hyfunc.serving import ServeConfig, create_app
+from tests.serve_app import LARGE_HIDDEN, tiny_cascade
+from tests.test_serve_sdk import TOOLS
+
+CALLED = {"role": "assistant", "content": "", "tool_calls": [
+    {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]}
+LOOP = [
+    {"role": "user", "content": "Weather in Oslo?"},
+    CALLED,
+    {"role": "tool", "tool_call_id": "c1", "content": '{"temperature": 12, "sky": "rain"}'},
+]
+
+
+def test_conversation_text_and_plain_chat_read_calls_and_results() -> None:
+    text = conversation_text(LOOP)
+    assert text == ('Request: Weather in Oslo?\n\nDone so far for this request:\n'
+                    'Assistant called get_weather({"city": "Oslo"})\n'
+                    'Result of get_weather: {"temperature": 12, "sky": "rain"}')
+    assert conversation_text(LOOP[:1]) == "Weather in Oslo?"
+    plain = plain_chat([{"role": "system", "content": "S"}, *LOOP])
+    assert [m["role"] for m in plain] == ["system", "user", "assistant", "user"]
+    assert plain[2]["content"] == 'Assistant called get_weather({"city": "Oslo"})'
+
+
+def test_chat_prompts_use_the_templates_tool_turns_or_fall_back_to_plain_ones() -> None:
+    from tests.tiny_models import tiny_backend
+
+    backend = tiny_backend()
+    # The tiny template renders only `content`: the call would vanish, so plain turns are used.
+    assert 'Assistant called get_weather({"city": "Oslo"})' in backend.chat_prompt(LOOP)
+    backend.tokenizer.chat_template = (
+        "{% for m in messages %}{% if m.role == 'tool' %}{{ raise_exception('no tool role') }}{% endif %}"
+        "{{ m.role }}: {{ m.content }}\n{% endfor %}")
+    assert "Result of get_weather: " in backend.chat_prompt(LOOP)
+    backend.tokenizer.chat_template = (
+        "{% for m in messages %}{% if m.tool_calls %}{% for c in m.tool_calls %}<call>{{ c.function.name }} "
+        "{{ c.function.arguments | tojson }}</call>{% endfor %}{% else %}{{ m.role }}: {{ m.content }}{% endif %}\n"
+        "{% endfor %}")
+    native = backend.chat_prompt(LOOP)
+    # the template's own form, with the wire's JSON-string arguments rendered once, not quoted twice
+    assert '<call>get_weather {"city": "Oslo"}</call>' in native and "Assistant called" not in native
+
+
+@pytest.fixture(scope="module")
+def steps() -> list:
+    return agent_steps(load_examples(FC_TRAIN), per_source=20, seed=0)
+
+
+def test_agent_steps_end_with_results_of_calls_made_and_say_what_is_left(steps: list) -> None:
+    assert {s.label for s in steps} == {ANSWER, CALL}
+    assert len({s.source for s in steps}) == 7
+    for step in steps:
+        made = {c["id"]: c["function"] for m in step.messages for c in m.get("tool_calls") or []}
+        results = [m["tool_call_id"] for m in step.messages if m["role"] == "tool"]
+        assert step.messages[0]["role"] == "user" and step.messages[-1]["role"] == "tool"
+        assert sorted(results) == sorted(made), step.id  # every call answered, once
+        names = {t.name for t in step.tools}
+        assert all(f["name"] in names for f in made.values())
+        assert bool(step.remaining) == (step.label == CALL)
+        assert all(c["name"] in names for c in step.remaining)
+    again = agent_steps(load_examples(FC_TRAIN), per_source=20, seed=0)
+    assert [s.messages for s in again] == [s.messages for s in steps]  # seeded
+
+
+def test_tool_results_are_json_or_prose_about_the_call() -> None:
+    import random
+
+    rng = random.Random(0)
+    results = [tool_result({"name": "getWeather", "arguments": {"city": "Oslo"}}, rng) for _ in range(30)]
+    as_json = [r for r in results if r.startswith("{")]
+    assert as_json and len(as_json) < len(results)
+    assert all(isinstance(json.loads(r), dict) for r in as_json)
+    assert any(r.startswith("Get weather for city Oslo") for r in results)
+
+
+def _separable(n: int, hidden: int = 8, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    answers = torch.arange(n) % 2 == 0
+    x = torch.randn(n, hidden, generator=g)
+    x[:, 0] += torch.where(answers, 3.0, -3.0)
+    return x, answers
+
+
+def test_the_head_learns_the_decision_and_survives_a_round_trip(tmp_path: Any) -> None:
+    x, answers = _separable(200)
+    head = fit_head(x, answers, NextStepConfig(threshold=0.5))
+    assert float(((head.p_answer(x) >= 0.5) == answers).float().mean()) > 0.95
+    head.save(tmp_path / "next_step")
+    loaded = NextStepHead.load(tmp_path / "next_step")
+    assert torch.equal(loaded.p_answer(x), head.p_answer(x)) and loaded.config == head.config
+    with pytest.raises(ValueError, match="both kinds"):
+        fit_head(x[answers], answers[answers], NextStepConfig())
+
+
+def test_held_out_scores_come_from_heads_that_never_saw_the_source() -> None:
+    x, answers = _separable(120)
+    sources = ["a"] * 40 + ["b"] * 40 + ["c"] * 40
+    scores = held_out_scores(x, answers, sources, NextStepConfig())
+    assert scores.shape == (120,) and float(((scores >= 0.5) == answers).float().mean()) > 0.9
+    threshold = best_threshold(scores, answers, sources)
+    assert 0 < threshold < 1
+
+
+def _head(bias: float) -> NextStepHead:
+    zero = torch.zeros(LARGE_HIDDEN)
+    return NextStepHead(zero, torch.tensor([bias]), zero, torch.ones(LARGE_HIDDEN), NextStepConfig(threshold=0.5))
+
+
+def test_the_cascade_answers_after_tool_results_when_its_head_says_done() -> None:
+    cascade = tiny_cascade()
+    tools = parse_tools(TOOLS)
+    cascade.next_step = _head(+20.0)
+    done = cascade.answer(LOOP, tools)
+    assert done.calls == [] and done.details["next_step"] == "answer" and done.details["p_answer"] == 1.0
+    # the first request is the retriever's decision, not the head's
+    first = cascade.answer(LOOP[:1], tools)
+    assert "next_step" not in first.details and first.calls
+    cascade.next_step = _head(-20.0)  # not done: the cascade goes on to a call
+    assert cascade.answer(LOOP, tools).calls
+
+
+def test_the_server_writes_the_answer_from_the_results_when_the_head_says_done() -> None:
+    cascade = tiny_cascade()
+    cascade.next_step = _head(+20.0)
+    app = create_app(lambda: cascade, ServeConfig(context_tokens=4096, default_max_tokens=4))
+    with TestClient(app) as client:
+        body = client.post("/v1/chat/completions", json={"model": "hyfunc", "messages": LOOP, "tools": TOOLS}).json()
+    choice = body["choices"][0]
+    assert choice["finish_reason"] in ("stop", "length") and "tool_calls" not in choice["message"]
+    assert isinstance(choice["message"]["content"], str)
