@@ -15,7 +15,7 @@ from typing import Any
 from hyfunc.routing.mining import SmallOutput
 from hyfunc.routing.record import ServedRequest
 from hyfunc.data import FC_TRAIN
-from hyfunc.formats.messages import request_text
+from hyfunc.formats.messages import conversation_text
 
 def load_examples(n: int, seed: int = 0) -> list[dict]:
     """n examples drawn without replacement from all sources, in a seeded random order."""
@@ -58,7 +58,7 @@ class ExtractiveSmallPath:
         self._answers = {ex["query"]: ex["answers"] for ex in examples}
 
     def __call__(self, messages: list[dict], tools: list[dict]) -> SmallOutput:
-        text = request_text(messages)
+        text = conversation_text(messages)
         answers = self._answers[text]
         if not answers:
             return SmallOutput([], confidence=0.9)

@@ -29,6 +29,9 @@ def _examples():
                      "answers": [{"name": "get_weather", "arguments": {"city": f"city {i}"}}]})
         rows.append({"id": f"t{i}", "query": f"Book a table for {i + 2} people", "tools": [TABLE, FX],
                      "answers": [{"name": "book table", "arguments": {"people": i + 2}}]})
+    for i in range(4):  # two calls: after the first one's result, the next step is a call
+        rows.append({"id": f"ww{i}", "query": f"Weather in city {i} and in city {i + 1}?", "tools": [WEATHER, FX],
+                     "answers": [{"name": "get_weather", "arguments": {"city": f"city {j}"}} for j in (i, i + 1)]})
     rows.append({"id": "n0", "query": "Tell me a joke", "tools": [FX], "answers": []})
     return rows
 
@@ -54,7 +57,7 @@ def test_prepare_writes_every_artifact_resumes_and_serves(data_file, tmp_path):
     assert not any(i.startswith("chatterbot-") for i in embedded)  # small talk trains the gate, not the refusal head
 
     for path in ("manifest.json", "retriever/manifest.json", "projector.safetensors", "adapter", "sft/state.json",
-                 "off_topic/manifest.json"):
+                 "off_topic/manifest.json", "next_step/manifest.json"):
         assert (out / path).exists(), path
     assert manifest["data"]["train"] + manifest["data"]["validation"] >= 21
     assert manifest["metrics"]["sft"]["items"] > 0 and len(manifest["metrics"]["sft"]["epoch_losses"]) == 1

@@ -32,6 +32,10 @@ FORMAT = "hyfunc-next-step-head"
 FORMAT_VERSION = 1
 
 
+class OneKindOnly(ValueError):
+    """The data gave conversations of one kind only (e.g. no request with several calls)."""
+
+
 @dataclass
 class NextStepConfig:
     threshold: float = 0.5  # P(answer) at or above it: answer in text
@@ -74,7 +78,7 @@ def fit_head(soft_tokens: torch.Tensor, answers: torch.Tensor, config: NextStepC
     """The head fitted on (n, H) soft tokens and their labels (1: answer, 0: call)."""
     labels = answers.float()
     if len(labels) == 0 or labels.min() == labels.max():
-        raise ValueError("the next-step head needs conversations of both kinds: ending in an answer and in a call")
+        raise OneKindOnly("the next-step head needs conversations of both kinds: ending in an answer and in a call")
     mean, std = soft_tokens.float().mean(0), soft_tokens.float().std(0).clamp_min(1e-6)
     x = (soft_tokens.float() - mean) / std
     share = labels.mean()
@@ -96,10 +100,12 @@ def fit_head(soft_tokens: torch.Tensor, answers: torch.Tensor, config: NextStepC
 
 def held_out_scores(soft_tokens: torch.Tensor, answers: torch.Tensor, sources: Sequence[str],
                     config: NextStepConfig) -> torch.Tensor:
-    """P(answer) of each conversation from a head trained on every other source."""
+    """P(answer) of each conversation from a head trained on every other source (with data from
+    one source only: on the other folds of five)."""
+    groups = list(sources) if len(set(sources)) > 1 else [str(i % 5) for i in range(len(sources))]
     out = torch.empty(len(sources))
-    for source in sorted(set(sources)):
-        held = torch.tensor([s == source for s in sources])
+    for group in sorted(set(groups)):
+        held = torch.tensor([g == group for g in groups])
         head = fit_head(soft_tokens[~held], answers[~held], config)
         out[held] = head.p_answer(soft_tokens[held])
     return out

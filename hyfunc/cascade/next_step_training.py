@@ -1,4 +1,5 @@
-"""`hyfunc prepare-next-step`: train a cascade's next-step head and score it on held-out sources.
+"""Train a cascade's next-step head and score it on held-out sources (`hyfunc prepare`, and
+`hyfunc prepare --next-step-only` for a cascade already prepared).
 
 1. build agent conversations from fc-train (`agent_steps.py`), up to N of each label per source;
 2. one pass of the cascade's large model over each (as served: instruction + tools in the system
@@ -23,11 +24,19 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from hyfunc.cascade.agent_steps import ANSWER, AgentStep, agent_steps
-from hyfunc.cascade.data import load_examples
+from hyfunc.cascade.data import Example, load_examples
 from hyfunc.cascade.manifest import MANIFEST
-from hyfunc.cascade.next_step import NEXT_STEP_DIR, NextStepConfig, best_threshold, fit_head, held_out_scores
+from hyfunc.cascade.next_step import (
+    NEXT_STEP_DIR,
+    NextStepConfig,
+    OneKindOnly,
+    best_threshold,
+    fit_head,
+    held_out_scores,
+)
 from hyfunc.cascade.soft_token import SoftTokenEncoder
 from hyfunc.durable import write_durably
+from hyfunc.models.base import BackendBase
 from hyfunc.models.engines import load_backend
 
 log = logging.getLogger("hyfunc.next_step")
@@ -77,14 +86,16 @@ def source_figures(scores: torch.Tensor, answers: torch.Tensor, sources: Sequenc
     return out
 
 
-def prepare_next_step(artifact: Path, data: Sequence[str], per_source: int, engine: str, cache_dir: Path | None,
-                      seed: int = 0) -> dict:
-    """Train and save the head into `artifact`; returns the held-out record (also in its manifest)."""
-    manifest = json.loads((artifact / MANIFEST).read_text())
-    steps = agent_steps(load_examples(list(data)), per_source, seed)
+def train_next_step(out: Path, large: BackendBase, examples: Sequence[Example], per_source: int,
+                    cache_dir: Path | None, seed: int = 0) -> dict:
+    """Train the head on agent conversations built from `examples`, save it in `out`; returns
+    the held-out record (without the misses, which the report lists)."""
+    steps = agent_steps(examples, per_source, seed)
     answers = torch.tensor([s.label == ANSWER for s in steps])
+    if len(set(answers.tolist())) < 2:  # before any model pass
+        raise OneKindOnly("the data makes agent conversations of one kind only: the next-step head needs requests "
+                          "with several calls, or two sources' requests with distinct tools, too")
     sources = [s.source for s in steps]
-    large = load_backend(manifest["large_model"], engine, role="large")
     cache = cache_dir / f"next-step-{_steps_key(large.name, large.description, steps)}.safetensors" if cache_dir else None
     start = time.perf_counter()
     soft = encode_steps(SoftTokenEncoder(large), steps, cache)
@@ -96,20 +107,29 @@ def prepare_next_step(artifact: Path, data: Sequence[str], per_source: int, engi
         "conversations": len(steps),
         "per_source": per_source,
         "seed": seed,
-        "data": [str(d) for d in data],
         "engine": large.description,
         "encode_seconds": round(seconds, 1),
         "threshold": config.threshold,
         "held_out": source_figures(scores, answers, sources, config.threshold),
         "held_out_at_0.5": source_figures(scores, answers, sources, 0.5),
     }
-    config.training = record
-    head = fit_head(soft, answers, config)
-    head.save(artifact / NEXT_STEP_DIR)
-    manifest.setdefault("metrics", {})["next_step"] = {k: record[k] for k in ("conversations", "threshold", "held_out")}
-    write_durably(artifact / MANIFEST, json.dumps(manifest, indent=2))
+    config.training = dict(record)
+    fit_head(soft, answers, config).save(out)
     record["misses"] = [
         {"id": s.id, "source": s.source, "label": s.label, "p_answer": round(float(p), 4)}
         for s, p in zip(steps, scores) if (float(p) >= config.threshold) != (s.label == ANSWER)
     ]
+    return record
+
+
+def add_next_step(artifact: Path, data: Sequence[str], per_source: int, engine: str, cache_dir: Path | None,
+                  seed: int = 0) -> dict:
+    """(Re)train the head of the prepared cascade in `artifact` on `data`, with its large model;
+    the held-out figures go into its manifest too."""
+    manifest = json.loads((artifact / MANIFEST).read_text())
+    large = load_backend(manifest["large_model"], engine, role="large")
+    record = train_next_step(artifact / NEXT_STEP_DIR, large, load_examples(list(data)), per_source, cache_dir, seed)
+    record["data"] = [str(d) for d in data]
+    manifest.setdefault("metrics", {})["next_step"] = {k: record[k] for k in ("conversations", "threshold", "held_out")}
+    write_durably(artifact / MANIFEST, json.dumps(manifest, indent=2))
     return record

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import random
 import shutil
 import time
@@ -45,6 +46,8 @@ from hyfunc.cascade.data import (
 from hyfunc.cascade.lexical import fit_lexical_weight, lexical_scores
 from hyfunc.cascade.library import train_library_retriever
 from hyfunc.cascade.manifest import MANIFEST, write_manifest
+from hyfunc.cascade.next_step import NEXT_STEP_DIR, OneKindOnly
+from hyfunc.cascade.next_step_training import train_next_step
 from hyfunc.cascade.off_topic import GATE_DIR, OffTopicGate, train_gate
 from hyfunc.cascade.retriever import (
     RetrievalData,
@@ -73,6 +76,9 @@ from hyfunc.formats.calls import same_calls
 from hyfunc.models.backend import Backend, default_dtype
 
 
+log = logging.getLogger("hyfunc.prepare")
+
+
 @dataclass
 class PrepareConfig:
     large_model: str
@@ -81,6 +87,8 @@ class PrepareConfig:
     val_fraction: float = 0.1
     refusal_fraction: float = 0.15  # extra no-call examples of each kind (near miss, unrelated tools, off-topic)
     off_topic_gate: bool = True  # train the off-topic gate (off_topic.py) on the large model's soft tokens
+    # Agent conversations of each kind per source for the next-step head (next_step.py); 0: none.
+    next_step_per_source: int = 30
     repeat_fraction: float = 0.0  # extra repeated-call examples (data.repeated_examples), from the whole split
     shard_size: int = 64
     retriever: dict = field(default_factory=lambda: {"proj_dim": 256, "mlp_hidden": 0, "epochs": 30, "lr": 1e-3, "refusal_head": True})
@@ -436,6 +444,18 @@ def prepare(config: PrepareConfig, out: Path, large: Backend | None = None, smal
                                     config.seed)
         timings["off_topic_gate"] = time.perf_counter() - start
 
+    next_step_metrics = None
+    if config.next_step_per_source:
+        start = time.perf_counter()
+        try:
+            record = train_next_step(out / NEXT_STEP_DIR, large, everything, config.next_step_per_source,
+                                     out / "embeddings", config.seed)
+            next_step_metrics = {k: record[k] for k in ("conversations", "threshold", "held_out")}
+        except OneKindOnly as err:  # the cascade still answers; after tool results as without a head
+            log.warning("no next-step head: %s", err)
+            next_step_metrics = {"skipped": str(err)}
+        timings["next_step"] = time.perf_counter() - start
+
     start = time.perf_counter()
     # fp32 for the small model: it is trained here (LoRA + projector), and it is cheap anyway.
     small = small or Backend(config.small_model, dtype=torch.float32)
@@ -466,7 +486,8 @@ def prepare(config: PrepareConfig, out: Path, large: Backend | None = None, smal
         "data": {"paths": config.data, "sha256": data_hash(config.data), "train": len(train), "validation": len(val)},
         "config": asdict(config),
         "metrics": {"retriever": retriever_metrics, "sft": sft_metrics, **({"library_retriever": library_metrics} if library_metrics else {}),
-                    **({"off_topic_gate": gate_metrics} if gate_metrics else {})},
+                    **({"off_topic_gate": gate_metrics} if gate_metrics else {}),
+                    **({"next_step": next_step_metrics} if next_step_metrics else {})},
         "seconds": timings,
         # A resumed run skips finished stages, so its own times understate them: keep earlier runs' times.
         "earlier_runs": _earlier_runs(out / MANIFEST),

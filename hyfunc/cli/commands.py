@@ -133,7 +133,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         large_model=args.large, small_model=args.small, data=args.data, sft_epochs=args.epochs,
         lora_rank=args.lora_rank, max_examples=args.max_examples, sft_max_items=args.sft_max_items, seed=args.seed,
         library=args.library, repeat_fraction=args.repeat_fraction,
-        off_topic_gate=not args.no_off_topic_gate,
+        off_topic_gate=not args.no_off_topic_gate, next_step_per_source=args.per_source,
     )
     manifest = prepare(config, Path(args.out))
     print(json.dumps({"artifact": args.out, "metrics": manifest["metrics"], "seconds": manifest["seconds"]}, indent=2))
@@ -141,13 +141,13 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def _prepare_next_step(args: argparse.Namespace) -> int:
-    from hyfunc.cascade.next_step_training import prepare_next_step
+    from hyfunc.cascade.next_step_training import add_next_step
     from hyfunc.eval.next_step_report import write_report
 
     out = Path(args.out)
     if not (out / MANIFEST).is_file():
         raise InputError(f"--next-step-only: {args.out} is not a prepared cascade (no manifest.json)")
-    record = prepare_next_step(out, args.data, args.per_source, args.engine, hyfunc_home() / "next-step-cache", args.seed)
+    record = add_next_step(out, args.data, args.per_source, args.engine, hyfunc_home() / "next-step-cache", args.seed)
     if args.report:
         write_report(Path(args.report), record, sys.argv)
     print(json.dumps({"artifact": args.out, "threshold": record["threshold"], "held_out": record["held_out"]}, indent=2))

@@ -272,9 +272,9 @@ def _add_prepare_parser(sub: argparse._SubParsersAction) -> None:
                       help="only (re)train the off-topic gate of the cascade already in --out, on --data")
     prep.add_argument("--next-step-only", action="store_true",
                       help="only (re)train the next-step head (answer or call after a tool result) of the cascade in --out")
-    prep.add_argument("--per-source", type=int, default=100,
-                      help="next-step head: agent conversations of each kind (answer, call) per data source")
-    prep.add_argument("--engine", default="auto", help="next-step head: engine of the large model's passes")
+    prep.add_argument("--per-source", type=int, default=30,
+                      help="next-step head: agent conversations of each kind (answer, call) per data source; 0: no head")
+    prep.add_argument("--engine", default="auto", help="--next-step-only: engine of the large model's passes")
     prep.add_argument("--report", default=None, help="next-step head: also write its held-out report to this directory")
     prep.add_argument("--library", default=None, help="a large tool library (JSON Lines): also train its per-function retriever")
     prep.add_argument("--seed", type=int, default=0)

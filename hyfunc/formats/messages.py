@@ -4,23 +4,15 @@ A conversation reaches the methods as OpenAI-style chat dicts: system, user, ass
 and/or ``tool_calls``: ``{"id", "type": "function", "function": {"name", "arguments"}}``) and
 tool (``{"tool_call_id", "content"}``) messages. Chat models read it through their own chat
 template, which renders calls and results the way the model was trained to see them
-(`BackendBase.chat_prompt`; `plain_chat` for templates that cannot). Parts trained on one request
-text (the small model, the lexical index, the off-topic gate) read `conversation_text`: the
-request alone, or a transcript of the conversation ending with what was done for the request.
+(`BackendBase.chat_prompt`; `plain_chat` for templates that cannot). Parts that read one request
+text (the small model, the lexical index, the off-topic gate, the router) read
+`conversation_text`: the request alone, or a transcript of the conversation ending with what was
+done for the request; a single request reads the same either way.
 """
 from __future__ import annotations
 
 import json
 from typing import Any, Mapping, Sequence
-
-
-def request_text(messages: Sequence[Mapping[str, Any]]) -> str:
-    """The request a router judges: the last user turn (earlier turns only add context that the
-    small path also reads; the last turn is what must be answered)."""
-    for message in reversed(messages):
-        if message.get("role") == "user":
-            return content_text(message.get("content"))
-    return ""
 
 
 def content_text(content: Any) -> str:

@@ -12,7 +12,7 @@ import time
 from typing import Any, Sequence
 
 from hyfunc.cascade.selector import ToolSelector
-from hyfunc.formats.messages import request_text
+from hyfunc.formats.messages import conversation_text
 from hyfunc.formats.schema import Tool
 from hyfunc.methods.base import Answer, Method, answer_streaming, calls_text
 
@@ -35,7 +35,7 @@ class PreselectedMethod:
 
     def answer(self, messages: Sequence[dict], tools: Sequence[Tool], on_text: Any = None) -> Answer:
         started = time.perf_counter()
-        kept = self.selector.select(request_text(messages), tools)
+        kept = self.selector.select(conversation_text(messages), tools)
         select_seconds = time.perf_counter() - started
         if not kept:
             if on_text is not None:

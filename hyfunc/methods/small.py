@@ -22,7 +22,7 @@ from hyfunc.cascade.selector import ToolSelector
 from hyfunc.cascade.small_model import build_small_prompt
 from hyfunc.cascade.templating import TemplateDecoder
 from hyfunc.errors import InputError
-from hyfunc.formats.messages import request_text
+from hyfunc.formats.messages import conversation_text
 from hyfunc.formats.schema import Tool
 from hyfunc.methods.base import Answer
 from hyfunc.models.base import BackendBase, PrefixCache
@@ -55,7 +55,7 @@ class SmallMethod:
         """`give_up_below`: stop writing, with no calls and ``details["gave_up"]``, once a value
         token's probability falls below it (a small-first router's confidence floor)."""
         tools = list(tools)
-        request = request_text(messages)
+        request = conversation_text(messages)
         if not request:
             raise InputError("the request has no user message")
         timings: dict[str, float] = {}

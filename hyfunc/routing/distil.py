@@ -38,7 +38,7 @@ from hyfunc.cascade.small_model import build_small_prompt
 from hyfunc.cascade.templating import TemplateDecoder, TemplateError, target_token_mask
 from hyfunc.errors import InputError
 from hyfunc.formats.calls import calls_from_records
-from hyfunc.formats.messages import request_text
+from hyfunc.formats.messages import conversation_text
 from hyfunc.formats.schema import SchemaError, parse_tools
 from hyfunc.models.backend import Backend
 from hyfunc.routing.store import LARGE_PATHS, Query, StoredRequest, TrafficStore
@@ -62,7 +62,7 @@ def teacher_example(stored: StoredRequest) -> Example | None:
     req = stored.request
     if stored.feedback == "bad" or req.error is not None or not req.calls or req.path not in LARGE_PATHS:
         return None
-    query = request_text(req.messages)
+    query = conversation_text(req.messages)
     try:
         tools = parse_tools(req.tools)
     except SchemaError:

@@ -10,14 +10,14 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Sequence
 
-from hyfunc.formats.messages import request_text
+from hyfunc.formats.messages import conversation_text
 
 
 def scalar_features(messages: Sequence[Mapping[str, Any]], tools: Sequence[Any],
                     small_calls: Sequence[Any] | None = None,
                     small_confidence: float | None = None) -> dict[str, float]:
     """Log scales for counts and lengths: their effect on difficulty is multiplicative."""
-    text = request_text(messages)
+    text = conversation_text(messages)
     features = {
         "request_chars_log": math.log1p(len(text)),
         "request_words_log": math.log1p(len(text.split())),

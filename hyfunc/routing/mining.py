@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from hyfunc.formats.calls import call_record, calls_from_records, same_calls
-from hyfunc.formats.messages import request_text
+from hyfunc.formats.messages import conversation_text
 from hyfunc.models.minilm import Embedder
 from hyfunc.routing.features import scalar_features
 from hyfunc.routing.store import LARGE_PATHS, Label, Query, StoredRequest, TrafficStore
@@ -110,7 +110,7 @@ def mine(store: TrafficStore, small_path: SmallPath, *, small_path_name: str,
                     report.failures.append(f"{req.request_id}: {type(e).__name__}: {e}")
                 labels.append(label_request(stored, None, small_path_name, error=str(e)))
         if embedder is not None and labels:
-            vectors = embedder.embed([request_text(s.request.messages) for s in batch])
+            vectors = embedder.embed([conversation_text(s.request.messages) for s in batch])
             for label, vector in zip(labels, vectors):
                 label.embedding = [float(x) for x in vector]
                 label.embedder = embedder.name

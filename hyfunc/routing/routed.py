@@ -33,7 +33,7 @@ import numpy as np
 
 from hyfunc.cascade.library import DISK_CACHE_BYTES
 from hyfunc.cascade.selector import ToolSelector, ToolVectors
-from hyfunc.formats.messages import request_text
+from hyfunc.formats.messages import conversation_text
 from hyfunc.formats.schema import Tool
 from hyfunc.methods.base import Answer
 from hyfunc.methods.small import SmallMethod
@@ -254,12 +254,12 @@ class RoutedMethod:
     def routable(self, messages: Sequence[dict], tools: Sequence[Tool], routing: Routing | None = None) -> bool:
         """Whether the router decides this request at all (else the cascade answers it)."""
         routing = routing or self.routing
-        if routing.router is None or routing.small is None or not tools or not request_text(messages):
+        if routing.router is None or routing.small is None or not tools or not conversation_text(messages):
             return False
         gate = getattr(self.cascade, "gate", None)
         # Maybe small talk: the cascade's gate decides with the large model's state (or dismisses it
         # with no large-model pass when an English request is far from every tool).
-        return gate is None or not gate.suspects(request_text(messages), tools)
+        return gate is None or not gate.suspects(conversation_text(messages), tools)
 
     def choose(self, messages: Sequence[dict], tools: Sequence[Tool], routing: Routing | None = None,
                small_answer: Answer | None = None) -> tuple[str, float | None]:

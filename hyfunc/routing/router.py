@@ -26,7 +26,7 @@ from safetensors.numpy import load_file, save_file
 from hyfunc.durable import durable_replacement, write_durably
 from hyfunc.formats.calls import calls_from_records
 from hyfunc.formats.grounding import Ungrounded, ungrounded_values
-from hyfunc.formats.messages import request_text
+from hyfunc.formats.messages import conversation_text
 from hyfunc.routing.features import scalar_features
 from hyfunc.routing.store import Query, TrafficStore
 
@@ -151,7 +151,7 @@ class Router:
     def score(self, messages: Sequence[dict], tools: Sequence[Any], small_calls: Sequence[Any] | None = None,
               small_confidence: float | None = None) -> float:
         features = scalar_features(messages, tools, small_calls, small_confidence)
-        embeddings = self._embedder_or_load().embed([request_text(messages)]) if self.embedder_name else None
+        embeddings = self._embedder_or_load().embed([conversation_text(messages)]) if self.embedder_name else None
         return float(self.scores([features], embeddings)[0])
 
     def route(self, messages: Sequence[dict], tools: Sequence[Any], small_calls: Sequence[Any] | None = None,
@@ -187,7 +187,7 @@ class Router:
         describe a form, so traffic like it would not teach the router this."""
         if not small_calls:
             return []
-        return ungrounded_values(small_calls, tools, request_text(messages))
+        return ungrounded_values(small_calls, tools, conversation_text(messages))
 
     def confidence_floor(self, messages: Sequence[dict], tools: Sequence[Any], max_calls: int = 8) -> float:
         """The lowest small-path confidence at which this request could still be routed to the
@@ -205,7 +205,7 @@ class Router:
         w_conf = float(self.weight[at])
         if w_conf <= 0:
             return 0.0
-        embeddings = self._embedder_or_load().embed([request_text(messages)]) if self.embedder_name else None
+        embeddings = self._embedder_or_load().embed([conversation_text(messages)]) if self.embedder_name else None
         base = scalar_features(messages, tools, [None], float(self.mean[at]))  # confidence at its mean: no term
         best = -math.inf
         for calls in {1, max_calls}:  # the score is linear in the call count: an end is the best case
