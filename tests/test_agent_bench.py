@@ -15,6 +15,7 @@ from hyfunc.eval.agent_bench import (
     load_tasks,
     score,
     script_for,
+    server_timing,
     value_matches,
 )
 from hyfunc.formats.calls import Call
@@ -89,6 +90,11 @@ def test_script_for_gives_the_canned_result_of_the_matching_call():
     assert found is not None and "out for delivery" in found.result_text()
     assert json.loads(script_for(task, "lookup_order", {"order_number": "A-10442"}).result_text())["carrier"] == "ups"
     assert script_for(task, "track_package", {"tracking_number": "0000"}) is None
+
+
+def test_server_timing_header_reads_as_seconds_per_stage():
+    assert server_timing("direct;dur=1500.0, text_reply;dur=20.5") == {"direct": 1.5, "text_reply": 0.0205}
+    assert server_timing("") == {}
 
 
 # --- the task set -----------------------------------------------------------------------------
@@ -167,6 +173,7 @@ def test_bench_agent_runs_the_loop_against_a_real_server(capsys, tmp_path: Path)
     for result in server["results"]:
         # the first reply had calls, so the tool results went back at least once, and no request failed
         assert 2 <= result["requests"] <= MAX_REQUESTS and len(result["latencies"]) == result["requests"]
+        assert len(result["server_timings"]) == result["requests"] and all(result["server_timings"])
         assert result["calls"] and all(c["request"] >= 1 for c in result["calls"])
         assert not (result["reason"] or "").startswith("request"), result["reason"]
         assert result["correct"] is (result["reason"] is None)

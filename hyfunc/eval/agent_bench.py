@@ -168,6 +168,7 @@ class TaskResult:
     requests: int = 0
     latencies: list[float] = field(default_factory=list)  # seconds per request
     latency: float = 0.0  # their sum
+    server_timings: list[dict] = field(default_factory=list)  # per request: the server's stages, seconds
     text: str | None = None  # the final text answer
     calls: list[dict] = field(default_factory=list)  # {"request", "name", "arguments", "scripted"}
 
@@ -181,13 +182,17 @@ def run_task(client: Any, model: str, task: Task, timeout: float) -> TaskResult:
     while result.requests < MAX_REQUESTS:
         start = time.perf_counter()
         try:
-            reply = client.chat.completions.create(model=model, messages=messages, tools=task.tools, timeout=timeout)
+            raw = client.chat.completions.with_raw_response.create(
+                model=model, messages=messages, tools=task.tools, timeout=timeout)
+            reply = raw.parse()
         except openai.APIError as err:
             error = f"request {result.requests + 1} failed: {type(err).__name__}: {_short(str(err), 200)}"
             break
         finally:
             result.latencies.append(round(time.perf_counter() - start, 4))
             result.requests += 1
+        # Where the time went (hyfunc's Server-Timing header: the call decision, the text reply, ...).
+        result.server_timings.append(server_timing(raw.headers.get("server-timing", "")))
         message = reply.choices[0].message
         if not message.tool_calls:
             result.text = message.content or ""
@@ -216,6 +221,17 @@ def run_task(client: Any, model: str, task: Task, timeout: float) -> TaskResult:
     return result
 
 
+def server_timing(header: str) -> dict[str, float]:
+    """{stage: seconds} of a Server-Timing header ("stage;dur=MILLISECONDS, ..."); {} without one."""
+    stages = {}
+    for part in header.split(","):
+        name, _, rest = part.strip().partition(";")
+        duration = re.search(r"dur=([0-9.]+)", rest)
+        if name and duration:
+            stages[name] = round(float(duration.group(1)) / 1000, 4)
+    return stages
+
+
 def connect(url: str, model: str, api_key: str | None, timeout: float) -> Any:
     """An SDK client for `url`, checked once: an unreachable server, a refused key or a model id
     the server does not serve is the user's to fix (one line), not 33 failed tasks."""
@@ -238,12 +254,16 @@ def connect(url: str, model: str, api_key: str | None, timeout: float) -> Any:
 
 def summary(results: list[TaskResult], first_total: float | None) -> dict[str, Any]:
     total = sum(r.latency for r in results)
+    stages: dict[str, float] = {}
+    for stage, seconds in (item for r in results for timing in r.server_timings for item in timing.items()):
+        stages[stage] = round(stages.get(stage, 0.0) + seconds, 3)
     return {
         "correct": sum(r.correct for r in results), "n": len(results),
         "median_latency_s": round(statistics.median(r.latency for r in results), 3) if results else None,
         "total_latency_s": round(total, 3),
         "median_requests": statistics.median(r.requests for r in results) if results else None,
         "total_vs_first": round(total / first_total, 3) if first_total else None,
+        "server_stages_s": stages,  # the Server-Timing stages, added up over every request
     }
 
 
@@ -275,6 +295,9 @@ def markdown(report: dict[str, Any]) -> str:
         s = server["summary"]
         lines.append(f"| {server['label']} | {server['url']} | {s['correct']}/{s['n']} | {s['median_latency_s']} | "
                      f"{s['total_latency_s']} | {s['median_requests']} | {s['total_vs_first']} |")
+    lines += [""] + [f"Server stages of {server['label']} (s, all requests): " + (", ".join(
+        f"{stage} {seconds}" for stage, seconds in server["summary"]["server_stages_s"].items()) or "not reported") + "."
+        for server in report["servers"]]
     lines += ["", "## Per task", "", "| task | kind | " + " | ".join(s["label"] for s in report["servers"]) + " |",
               "|---|---|" + "---|" * len(report["servers"])]
     for i, task in enumerate(report["tasks"]):
