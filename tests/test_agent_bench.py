@@ -3,6 +3,7 @@ set's shape, and the whole loop against a real (tiny random-model) server proces
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -11,11 +12,15 @@ from hyfunc.cli import main
 from hyfunc.eval.agent_bench import (
     MAX_REQUESTS,
     Expected,
+    TaskResult,
     call_matches,
     load_tasks,
+    markdown,
+    plot,
     score,
     script_for,
     server_timing,
+    summary,
     value_matches,
 )
 from hyfunc.formats.calls import Call
@@ -95,6 +100,29 @@ def test_script_for_gives_the_canned_result_of_the_matching_call():
 def test_server_timing_header_reads_as_seconds_per_stage():
     assert server_timing("direct;dur=1500.0, text_reply;dur=20.5") == {"direct": 1.5, "text_reply": 0.0205}
     assert server_timing("") == {}
+
+
+def test_the_report_compares_servers_on_the_same_tasks_even_when_one_was_cut_short(tmp_path: Path):
+    def result(task: str, correct: bool, latencies: list[float]) -> dict:
+        return asdict(TaskResult(task, correct, None if correct else "missing fact '12'", len(latencies), latencies,
+                                 sum(latencies), [{"text_reply": 0.5}] * len(latencies), "answer"))
+
+    first = [result("a", True, [1.0, 2.0]), result("b", False, [4.0]), result("c", True, [1.0, 1.0])]
+    second = [result("a", True, [0.5, 0.5]), result("b", True, [1.0])]  # stopped before task c
+    report = {"command": "hyfunc bench agent", "git": {"commit": None, "dirty": None},
+              "machine": {"model": "cpu", "cores": 2, "speed_flags": ["avx2"]}, "max_requests": MAX_REQUESTS,
+              "tasks": [{"id": t, "kind": "parallel"} for t in "abc"], "servers": []}
+    for label, results in (("one", first), ("two", second)):
+        report["servers"].append({"label": label, "url": "u", "results": results, "summary": summary(results, first)})
+    one, two = (s["summary"] for s in report["servers"])
+    assert (one["correct"], one["n"], one["total_latency_s"], one["median_latency_s"], one["median_requests"]) == (2, 3, 9.0, 3.0, 2)
+    assert one["total_vs_first"] == 1.0 and one["server_stages_s"] == {"text_reply": 2.5}  # 5 requests
+    assert two["total_vs_first"] == round(2.0 / 7.0, 3)  # against the first server's same two tasks
+    md = markdown(report)
+    assert "| one | u | 2/3 |" in md and "| c | parallel | ✓ (2.00 s, 2 req) | not run |" in md
+    assert "✗ missing fact '12' (4.00 s, 1 req)" in md
+    plot(report, tmp_path / "agent.png")
+    assert (tmp_path / "agent.png").stat().st_size > 0
 
 
 # --- the task set -----------------------------------------------------------------------------

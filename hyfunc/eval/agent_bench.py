@@ -252,16 +252,18 @@ def connect(url: str, model: str, api_key: str | None, timeout: float) -> Any:
 
 # --- the report -------------------------------------------------------------------------------
 
-def summary(results: list[TaskResult], first_total: float | None) -> dict[str, Any]:
-    total = sum(r.latency for r in results)
+def summary(results: list[dict], first: list[dict]) -> dict[str, Any]:
+    """`first`: the first server's results, whose total over the same tasks is the ratio's reference."""
+    total = sum(r["latency"] for r in results)
+    first_total = sum(r["latency"] for r in first[: len(results)])
     stages: dict[str, float] = {}
-    for stage, seconds in (item for r in results for timing in r.server_timings for item in timing.items()):
+    for stage, seconds in (item for r in results for timing in r["server_timings"] for item in timing.items()):
         stages[stage] = round(stages.get(stage, 0.0) + seconds, 3)
     return {
-        "correct": sum(r.correct for r in results), "n": len(results),
-        "median_latency_s": round(statistics.median(r.latency for r in results), 3) if results else None,
+        "correct": sum(r["correct"] for r in results), "n": len(results),
+        "median_latency_s": round(statistics.median(r["latency"] for r in results), 3) if results else None,
         "total_latency_s": round(total, 3),
-        "median_requests": statistics.median(r.requests for r in results) if results else None,
+        "median_requests": statistics.median(r["requests"] for r in results) if results else None,
         "total_vs_first": round(total / first_total, 3) if first_total else None,
         "server_stages_s": stages,  # the Server-Timing stages, added up over every request
     }
@@ -303,6 +305,9 @@ def markdown(report: dict[str, Any]) -> str:
     for i, task in enumerate(report["tasks"]):
         cells = []
         for server in report["servers"]:
+            if i >= len(server["results"]):  # a run cut short
+                cells.append("not run")
+                continue
             r = server["results"][i]
             # one table row: a server's error message may span lines or hold a pipe
             verdict = "✓" if r["correct"] else "✗ " + " ".join((r["reason"] or "").split()).replace("|", "\\|")
@@ -320,7 +325,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
     width = 0.8 / max(len(servers), 1)
     fig, ax = plt.subplots(figsize=(max(6.0, 0.35 * n * max(len(servers), 1) + 2), 4.5))
     for j, server in enumerate(servers):
-        xs = [i + (j - (len(servers) - 1) / 2) * width for i in range(n)]
+        xs = [i + (j - (len(servers) - 1) / 2) * width for i in range(len(server["results"]))]
         bars = ax.bar(xs, [r["latency"] for r in server["results"]], width, label=server["label"], color=f"C{j}")
         for bar, r in zip(bars, server["results"]):
             if not r["correct"]:
@@ -351,21 +356,20 @@ def run(args: argparse.Namespace) -> int:
         "command": command_line(args), "git": git_state(), "machine": cpu_info(),
         "max_requests": MAX_REQUESTS, "tasks": [{"id": t.id, "kind": t.kind} for t in tasks], "servers": [],
     }
-    for url, label, client in zip(args.url, labels, clients):
-        results = []
-        for task in tasks:
-            results.append(run_task(client, args.model, task, args.timeout))
-            r = results[-1]
-            print(f"{label} {task.id}: {'correct' if r.correct else 'wrong: ' + (r.reason or '')} "
-                  f"({r.requests} requests, {r.latency:.2f} s)", flush=True)
-        # The ratio's reference is the first server's total (the first server: its own).
-        first = report["servers"][0]["summary"]["total_latency_s"] if report["servers"] else sum(r.latency for r in results)
-        report["servers"].append({"label": label, "url": url, "summary": summary(results, first),
-                                  "results": [asdict(r) for r in results]})
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "agent.json").write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-    (out / "agent.md").write_text(markdown(report), encoding="utf-8")
+    for url, label, client in zip(args.url, labels, clients):
+        server: dict[str, Any] = {"label": label, "url": url, "summary": {}, "results": []}
+        report["servers"].append(server)
+        for task in tasks:
+            r = run_task(client, args.model, task, args.timeout)
+            print(f"{label} {task.id}: {'correct' if r.correct else 'wrong: ' + (r.reason or '')} "
+                  f"({r.requests} requests, {r.latency:.2f} s)", flush=True)
+            server["results"].append(asdict(r))
+            server["summary"] = summary(server["results"], report["servers"][0]["results"])
+            # Written after every task: a run cut short (a slow model, a time limit) keeps what it measured.
+            (out / "agent.json").write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+            (out / "agent.md").write_text(markdown(report), encoding="utf-8")
     plot(report, out / "agent.png")
     print((out / "agent.md").read_text(encoding="utf-8"))
     return 0
