@@ -218,6 +218,16 @@ def _add_bench_parser(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--out", default="reports/serve", help="where serve.{json,md} go")
     serve.set_defaults(handler="hyfunc.serving.bench:run", needs=(("httpx", "serve"),))
 
+    agent = bench_sub.add_parser("agent", help="agent loops (calls, tool results, a text answer) through running servers")
+    agent.add_argument("--url", nargs="+", required=True, help="servers to compare, run one after the other on the same tasks")
+    agent.add_argument("--model", default="hyfunc", help="model id sent")
+    agent.add_argument("--api-key", default=None)
+    agent.add_argument("--tasks", type=int, default=None, metavar="N", help="only the first N tasks (default: all)")
+    agent.add_argument("--label", nargs="+", default=None, metavar="NAME", help="a name per --url for the report")
+    agent.add_argument("--timeout", type=float, default=300.0, help="seconds per request")
+    agent.add_argument("--out", default="reports/agent-loop", help="where agent.{json,md,png} go")
+    agent.set_defaults(handler="hyfunc.eval.agent_bench:run", needs=(("openai", "test"), *PLOTS))
+
 
 def _add_bench_odia_parser(bench_sub: argparse._SubParsersAction) -> None:
     parser = bench_sub.add_parser("odia", help="learning from traffic, simulated: share, agreement, accuracy, latency over cycles")

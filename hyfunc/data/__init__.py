@@ -12,3 +12,5 @@ from pathlib import Path
 DATA_DIR = Path(__file__).resolve().parent
 FC_TRAIN = DATA_DIR / "fc-train"
 TOOL_LIBRARY = DATA_DIR / "tool-library" / "sealtools.jsonl"
+#: The hand-written tasks of `hyfunc bench agent` (see agent-tasks/README.md).
+AGENT_TASKS = DATA_DIR / "agent-tasks" / "tasks.json"
