@@ -45,3 +45,26 @@ def test_small_talk_is_refused_by_the_off_topic_gate_and_tool_requests_are_not(c
     assert joke.calls == [] and joke.details["refused_by"] == "off_topic_gate"
     money = cascade.answer([{"role": "user", "content": "How much is 250 US dollars in euros?"}], DEMO_TOOLS)
     assert [c.name for c in money.calls] == ["convert_currency"]
+
+
+def _after_results(request: str, *calls: tuple[str, dict, str]) -> list[dict]:
+    """The conversation an agent sends back: the request, the calls made, one result per call."""
+    wire = [{"id": f"c{i}", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+            for i, (name, args, _) in enumerate(calls)]
+    results = [{"role": "tool", "tool_call_id": f"c{i}", "content": result} for i, (_, _, result) in enumerate(calls)]
+    return [{"role": "user", "content": request}, {"role": "assistant", "content": None, "tool_calls": wire}, *results]
+
+
+def test_after_tool_results_the_cascade_answers_when_done_and_calls_when_not(cascade):
+    assert (DEFAULT_ARTIFACT / "next_step" / "manifest.json").is_file()
+    done = cascade.answer(_after_results(
+        "What's the weather in Lisbon, in fahrenheit?",
+        ("get_weather", {"city": "Lisbon", "unit": "fahrenheit"}, "75 degrees fahrenheit, sunny"),
+    ), DEMO_TOOLS)
+    assert done.calls == [] and done.details["next_step"] == "answer"
+    # half done: the second city is still open
+    open_ = cascade.answer(_after_results(
+        "What's the weather in Oslo? And how much is 100 US dollars in Norwegian kroner?",
+        ("get_weather", {"city": "Oslo"}, '{"temperature": 12, "unit": "celsius", "sky": "light rain"}'),
+    ), DEMO_TOOLS)
+    assert "next_step" not in open_.details and "convert_currency" in [c.name for c in open_.calls]
