@@ -132,8 +132,11 @@ def test_the_cascade_answers_after_tool_results_when_its_head_says_done() -> Non
     # the first request is the retriever's decision, not the head's
     first = cascade.answer(LOOP[:1], tools)
     assert "next_step" not in first.details and first.calls
-    cascade.next_step = _head(-20.0)  # not done: the cascade goes on to a call
-    assert cascade.answer(LOOP, tools).calls
+    cascade.next_step = _head(-20.0)  # not done: the cascade goes on to a call, the retriever refusing none
+    cascade.retriever.config.refusal_threshold = 2.0
+    not_done = cascade.answer(LOOP, tools)
+    assert not_done.details["next_step"] == "call" and not_done.calls
+    assert cascade.answer(LOOP[:1], tools).calls == []  # a first request: the retriever's refusal stands
 
 
 def test_the_server_writes_the_answer_from_the_results_when_the_head_says_done() -> None:

@@ -449,7 +449,7 @@ def prepare(config: PrepareConfig, out: Path, large: Backend | None = None, smal
         start = time.perf_counter()
         try:
             record = train_next_step(out / NEXT_STEP_DIR, large, everything, config.next_step_per_source,
-                                     out / "embeddings", config.seed)
+                                     out / "embeddings" / "next_step", config.seed)
             next_step_metrics = {k: record[k] for k in ("conversations", "threshold", "held_out")}
         except OneKindOnly as err:  # the cascade still answers; after tool results as without a head
             log.warning("no next-step head: %s", err)

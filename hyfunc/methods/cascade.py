@@ -33,6 +33,7 @@ and before it, with no large-model pass, when an English request is far from eve
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -332,15 +333,17 @@ class HyFuncMethod:
         suspected = screened == "suspected"
         per_function = self._per_function if self._per_function is not None and self._per_function.tools == list(tools) else None
         encoding, reused, retriever = self._encode(messages, tools, per_function)
+        next_step: dict = {}
         if self.next_step is not None and per_function is None and ends_with_tool_results(messages):
             p_answer = float(self.next_step.p_answer(encoding.soft_token))
-            if p_answer >= self.next_step.config.threshold:  # the request is done: a text answer, no call
+            done = p_answer >= self.next_step.config.threshold
+            next_step = {"next_step": "answer" if done else "call", "p_answer": round(p_answer, 4)}
+            if done:  # the request is done: a text answer, no call
                 if on_text is not None:
                     on_text(calls_text([]))
                 timings["large_prefill"] = encoding.seconds
                 return Answer(calls=[], input_tokens=encoding.input_tokens, cached_tokens=encoding.cached_tokens,
-                              timings=timings, reused_seconds=encoding.seconds if reused else 0.0,
-                              details={"next_step": "answer", "p_answer": round(p_answer, 4)})
+                              timings=timings, reused_seconds=encoding.seconds if reused else 0.0, details=next_step)
         start = time.perf_counter()
         if per_function is not None:
             scored = per_function.score(self.encoder, retriever, request, encoding.soft_token)
@@ -361,6 +364,10 @@ class HyFuncMethod:
                           timings=timings, reused_seconds=encoding.seconds if reused else 0.0,
                           details={"refused_by": "off_topic_gate"})
         answerable = float(retriever.answerability(encoding.soft_token, [cosine]))  # "no tool fits" below its threshold
+        # After tool results the head has decided that a call is due: the retriever only picks the
+        # tools (its refusal head learned first requests, not conversations).
+        if next_step:
+            answerable = math.inf
         chosen = retriever.select_from_scores(scores, answerable) if len(tools) else []
         selected = [tools[i] for i in chosen] if self.options.retriever else list(tools)
         timings["retrieve"] = time.perf_counter() - start
@@ -374,6 +381,7 @@ class HyFuncMethod:
                 "ranking": [tools[i].name for i in ranking],
                 "scores": [round(float(scores[i]), 4) for i in ranking],
                 "retrieved": [tools[i].name for i in chosen],
+                **next_step,
             },
         )
         if not selected:
