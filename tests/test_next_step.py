@@ -148,3 +148,19 @@ def test_the_server_writes_the_answer_from_the_results_when_the_head_says_done()
     choice = body["choices"][0]
     assert choice["finish_reason"] in ("stop", "length") and "tool_calls" not in choice["message"]
     assert isinstance(choice["message"]["content"], str)
+
+
+def test_a_conversation_trimmed_to_fit_says_so_in_its_usage() -> None:
+    CONTEXT = 1000  # tiny-tokenizer tokens: the tools take 370, the whole conversation about 1,900
+    history = []
+    for i in range(30):  # earlier exchanges that cannot all fit a small context
+        history += [{"role": "user", "content": f"What is the weather like in Paris today? {i}"},
+                    {"role": "assistant", "content": f"It is {i} degrees in Paris today."}]
+    messages = [*history, *LOOP]
+    cascade = tiny_cascade()
+    app = create_app(lambda: cascade, ServeConfig(context_tokens=CONTEXT, default_max_tokens=4))
+    with TestClient(app) as client:
+        trimmed = client.post("/v1/chat/completions", json={"model": "hyfunc", "messages": messages, "tools": TOOLS}).json()
+        whole = client.post("/v1/chat/completions", json={"model": "hyfunc", "messages": LOOP, "tools": TOOLS}).json()
+    assert trimmed["usage"]["trimmed_messages"] > 0 and trimmed["usage"]["trimmed_messages"] % 2 == 0
+    assert "trimmed_messages" not in whole["usage"]
