@@ -45,7 +45,6 @@ def test_the_methods_read_the_whole_conversation_as_chat_messages() -> None:
     order = ["User: Weather in Paris?", 'Assistant called get_weather({"city": "Paris"})', "Result of get_weather: 18 C",
              "Assistant: 18 C in Paris.", "Request: And in Berlin?"]
     assert [text.index(piece) for piece in order] == sorted(text.index(piece) for piece in order)
-    assert not conv.follows_tool_results and _conversation(HISTORY[:4]).follows_tool_results
     # a single request passes through unchanged
     single = _conversation(HISTORY[:2])
     assert single.method_messages()[1] == {"role": "user", "content": "Weather in Paris?"}

@@ -36,7 +36,7 @@ from hyfunc.eval.machine import cpu_info, git_state
 MAX_REQUESTS = 6
 
 #: What a text answer must not hold: the transcript lines the server writes for its models
-#: (hyfunc/serving/conversation.py), call markup of chat templates, and a call as JSON.
+#: (hyfunc/formats/messages.py), call markup of chat templates, and a call as JSON.
 MARKUP = re.compile(
     r"</?tool_call|<\|[a-z_]+\|>|assistant called|result of [\w.]+:|done so far for this request|"
     r"\{\s*\"name\"\s*:|^\s*(user|assistant):", re.IGNORECASE | re.MULTILINE,

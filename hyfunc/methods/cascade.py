@@ -24,7 +24,7 @@ An artifact directory (written by `hyfunc prepare`) holds what was trained::
 After tool results (an agent loop's next turn), the large model reads the conversation in its
 own chat template, and the artifact's next-step head (`next_step/`, cascade/next_step.py) decides
 from that pass whether the request is done: then no call is made and the server writes the answer
-from the results; otherwise the cascade goes on as for a first request.
+from the results; otherwise a call is due, and the retriever only picks the tools for it.
 
 With an off-topic gate in the artifact, small talk and general questions are refused after step 1
 when both its detectors agree (MiniLM finds no offered tool close, the soft token reads off-topic),

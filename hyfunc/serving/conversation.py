@@ -40,9 +40,10 @@ class Turn:
 
     def message(self) -> dict:
         """The turn as a chat message (arguments as a dict: chat templates render them as JSON)."""
-        if self.role != "assistant":
-            return {"role": "tool", "tool_call_id": self.call_id, "content": self.text} if self.role == "tool" else {
-                "role": "user", "content": self.text}
+        if self.role == "user":
+            return {"role": "user", "content": self.text}
+        if self.role == "tool":
+            return {"role": "tool", "tool_call_id": self.call_id, "content": self.text}
         message: dict = {"role": "assistant", "content": self.text}
         if self.calls:
             message["tool_calls"] = [
@@ -66,10 +67,6 @@ class Conversation:
     @property
     def request(self) -> str:
         return self.turns[self.current].text
-
-    @property
-    def follows_tool_results(self) -> bool:
-        return self.turns[-1].role == "tool"
 
     def answered_calls(self) -> set[str]:
         """Calls the assistant already made for the current request and got results for: making
