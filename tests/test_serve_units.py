@@ -187,3 +187,41 @@ def test_a_library_over_128_tools_is_read_per_function(monkeypatch: pytest.Monke
     joint_only = TestClient(create_app(tiny_cascade(), ServeConfig(**CONFIG)))
     assert _ask(joint_only, tools=tools).json()["error"]["code"] == "too_many_tools"
     assert _ask(joint_only, tools=tools, tool_choice="none").status_code == 200  # a text reply reads no tool
+
+
+def test_a_text_reply_that_opens_a_call_is_never_sent_as_text() -> None:
+    from hyfunc.serving.replies import _Deltas
+
+    sent: list[str] = []
+    deltas = _Deltas(sent.append, hold_calls=True)
+    call = '\n{"name": "get_weather", "arguments": {"city": "Oslo"}}'
+    for end in range(1, len(call) + 1):
+        deltas.feed(call[:end])
+    assert deltas.finish(call) == ("", call.lstrip()) and sent == []
+    answer = "It is 12 degrees in Oslo."
+    streamed: list[str] = []
+    deltas = _Deltas(streamed.append, hold_calls=True)
+    for end in range(1, len(answer) + 1):
+        deltas.feed(answer[:end])
+    assert deltas.finish(answer) == (answer, "") and "".join(streamed) == answer
+    # without tools a reply is text, whatever it looks like
+    assert _Deltas(None, hold_calls=False).finish(call)[0] == call.lstrip()
+
+
+def test_a_call_written_as_a_text_reply_is_made_or_replaced(cascade: Any) -> None:
+    from hyfunc.serving.metrics import ServerMetrics
+    from hyfunc.serving.replies import FALLBACK_TEXT
+    from hyfunc.serving.service import ChatService, ServeConfig as Config
+
+    service = ChatService({"cascade": cascade}, Config(**CONFIG), ServerMetrics())
+    loop = [*HISTORY[1:4]]  # the Paris call was made and answered
+    prepared = service.prepare(ChatCompletionRequest.model_validate({"model": "hyfunc", "messages": loop, "tools": TOOLS}))
+    deltas: list[dict] = []
+    new = '{"name": "get_weather", "arguments": {"city": "Berlin"}}'
+    tool_calls, calls, text, finish = service._calls_in_reply(prepared, new, deltas.append, None, [])
+    assert [c.arguments for c in calls] == [{"city": "Berlin"}] and text is None and finish == "tool_calls" and deltas
+    texts: list[str] = []
+    notes: list[str] = []
+    repeat = '{"name": "get_weather", "arguments": {"city": "Paris"}}'  # answered already: not made again
+    assert service._calls_in_reply(prepared, repeat, None, texts.append, notes) == ([], [], FALLBACK_TEXT, "stop")
+    assert texts == [FALLBACK_TEXT] and any("not made" in n for n in notes)

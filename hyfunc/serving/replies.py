@@ -37,6 +37,16 @@ CALL_INSTRUCTION = (
 )
 
 
+#: How a chat model's reply opens when it writes a call instead of text (Qwen's `<tool_call>` tag
+#: is a special token, decoded away, which leaves the JSON).
+CALL_OPENERS = ('{"name"', '[{"name"', "<tool_call>")
+
+
+def _could_open_a_call(visible: str) -> bool:
+    compact = visible.replace(" ", "").replace("\n", "")
+    return any(opener.startswith(compact) or compact.startswith(opener) for opener in CALL_OPENERS)
+
+
 @dataclass
 class TextReply:
     text: str
@@ -45,6 +55,9 @@ class TextReply:
     seconds: float
     truncated: bool  # stopped by max_tokens: finish_reason "length"
     cached_tokens: int = 0  # prompt tokens reused from the previous reply's KV cache
+    # The model wrote a call where a text reply was asked: its text, never sent as text (the
+    # caller may turn it into tool calls); `text` is then empty.
+    call_text: str = ""
 
 
 @dataclass
@@ -60,26 +73,33 @@ class ForcedCalls:
 class _Deltas:
     """Turns the growing decoded text into deltas: leading whitespace is held back (a reply does
     not start with a blank line), and so is a trailing partial UTF-8 character (the tokenizer
-    decodes half a character as U+FFFD, which the next token replaces). The reply is exactly the
+    decodes half a character as U+FFFD, which the next token replaces), and so is a reply while it
+    may still open a call (`CALL_OPENERS`): a call is not sent as text. The reply is exactly the
     concatenation of the deltas sent, so a streamed reply equals the non-streamed one."""
 
-    def __init__(self, on_delta: Callable[[str], None] | None):
+    def __init__(self, on_delta: Callable[[str], None] | None, hold_calls: bool):
         self.on_delta = on_delta
+        self.hold_calls = hold_calls
         self.sent = ""
 
     def feed(self, text: str) -> None:
         visible = text.lstrip()
         if visible.endswith("\ufffd") or not visible.startswith(self.sent):
             return
+        if self.hold_calls and not self.sent and _could_open_a_call(visible):
+            return
         self._send(visible[len(self.sent) :])
 
-    def finish(self, text: str) -> str:
+    def finish(self, text: str) -> tuple[str, str]:
+        """(the text reply, or the call text the model wrote instead)."""
         visible = text.lstrip()
+        if self.hold_calls and not self.sent and visible and _could_open_a_call(visible):
+            return "", visible
         if visible.startswith(self.sent):
             self._send(visible[len(self.sent) :].replace("\ufffd", ""))
         if not self.sent.strip():
             self._send(FALLBACK_TEXT)
-        return self.sent
+        return self.sent, ""
 
     def _send(self, delta: str) -> None:
         if not delta:
@@ -96,21 +116,24 @@ def write_text(
     on_delta: Callable[[str], None] | None = None,
     should_stop: Callable[[], bool] = lambda: False,
     prefix_cache: PrefixCache | None = None,
+    hold_calls: bool = False,
 ) -> TextReply:
-    """Greedy reply to plain chat `messages`; `should_stop` (deadline, client gone) ends it early;
-    `prefix_cache`: the prompt ids shared with the previous reply through it are not run again."""
+    """Greedy reply to chat `messages`; `should_stop` (deadline, client gone) ends it early;
+    `prefix_cache`: the prompt ids shared with the previous reply through it are not run again;
+    `hold_calls` (tools were offered): a reply that opens like a call is returned as `call_text`."""
     start = time.perf_counter()
     ids = backend.encode(backend.chat_prompt(list(messages)))
-    deltas = _Deltas(on_delta)
+    deltas = _Deltas(on_delta, hold_calls)
 
     def stop(text: str) -> bool:
         deltas.feed(text)
         return should_stop()
 
     gen = backend.generate(ids=ids, max_new_tokens=max_tokens, stop=stop, prefix_cache=prefix_cache)
-    text = deltas.finish(gen.text)
+    text, call_text = deltas.finish(gen.text)
     return TextReply(
         text=text,
+        call_text=call_text,
         input_tokens=len(ids),
         output_tokens=len(gen.token_ids),
         seconds=time.perf_counter() - start,

@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from hyfunc.cascade.library import DISK_CACHE_BYTES
-from hyfunc.formats.calls import Call
+from hyfunc.formats.calls import Call, CallParseError, parse_calls
 from hyfunc.formats.schema import SchemaError, Tool, parse_tool
-from hyfunc.methods.base import Answer, answer_streaming
+from hyfunc.methods.base import Answer, answer_streaming, calls_text
 from hyfunc.models.base import PrefixCache
 from hyfunc.routing.record import ServedRequest, TrafficSink
 from hyfunc.serving.call_stream import CallStream
@@ -37,7 +37,7 @@ from hyfunc.serving.errors import APIError, bad_request
 from hyfunc.serving.library_cache import LibraryCache
 from hyfunc.serving.metrics import ServerMetrics
 from hyfunc.serving.protocol import ChatCompletionRequest
-from hyfunc.serving.replies import CallWriter, write_text
+from hyfunc.serving.replies import FALLBACK_TEXT, CallWriter, write_text
 
 log = logging.getLogger("hyfunc.serving")
 
@@ -350,9 +350,11 @@ class ChatService:
             backend = text_backend(method)
             reply = write_text(
                 backend, conv.chat_messages(self._hint(prepared)), prepared.max_tokens, on_text, should_stop,
-                self._text_cache(backend),
+                self._text_cache(backend), hold_calls=bool(tools),
             )
             text, finish = reply.text, "length" if reply.truncated else "stop"
+            if reply.call_text:
+                tool_calls, calls, text, finish = self._calls_in_reply(prepared, reply.call_text, on_call, on_text, notes)
             timings["text_reply"] = reply.seconds
             prompt_tokens += reply.input_tokens
             completion_tokens += reply.output_tokens
@@ -366,6 +368,33 @@ class ChatService:
         )
         self._record(prepared, outcome, calls, method, "; ".join(notes) or None)
         return outcome
+
+    def _calls_in_reply(
+        self, prepared: Prepared, call_text: str, on_call: Callable[[dict], None] | None,
+        on_text: Callable[[str], None] | None, notes: list[str],
+    ) -> tuple[list[dict], list[Call], str | None, str]:
+        """The large model, asked for a text reply next to tools, wrote a call: under `auto` it is
+        made if it fits the offered tools and is not a repeat of an answered call (the
+        `CallStream` checks); else the fallback text. Call text never reaches the client as text."""
+        calls: list[Call] = []
+        if prepared.choice == "auto":
+            try:
+                calls = parse_calls(call_text)
+            except CallParseError:
+                calls = []
+        if calls:
+            stream = CallStream(prepared.tools, on_call, None if prepared.parallel else 1,
+                                prepared.conversation.answered_calls())
+            stream.feed(calls_text(calls))
+            stream.close()
+            notes += stream.notes
+            if stream.calls:
+                notes.append("the text reply was a call")
+                return stream.tool_calls(), stream.parsed(), None, "tool_calls"
+        notes.append(f"the text reply was a call, not made: {call_text[:200]}")
+        if on_text is not None:
+            on_text(FALLBACK_TEXT)
+        return [], [], FALLBACK_TEXT, "stop"
 
     def _text_cache(self, backend: Any) -> PrefixCache:
         """One prefix cache per model for text replies: what a reply's prompt shares with the
