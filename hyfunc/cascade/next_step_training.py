@@ -89,7 +89,7 @@ def source_figures(scores: torch.Tensor, answers: torch.Tensor, sources: Sequenc
 def train_next_step(out: Path, large: BackendBase, examples: Sequence[Example], per_source: int,
                     cache_dir: Path | None, seed: int = 0) -> dict:
     """Train the head on agent conversations built from `examples`, save it in `out`; returns
-    the held-out record (without the misses, which the report lists)."""
+    the held-out record, with the conversations the held-out heads got wrong (`misses`)."""
     steps = agent_steps(examples, per_source, seed)
     answers = torch.tensor([s.label == ANSWER for s in steps])
     if len(set(answers.tolist())) < 2:  # before any model pass
