@@ -2,7 +2,8 @@
 import subprocess
 import time
 
-from hyfunc.eval.provenance import SPEED_FLAGS, cpu_info, git_state, provenance, provenance_markdown
+from hyfunc.eval.machine import SPEED_FLAGS, cpu_info, git_state
+from hyfunc.eval.provenance import provenance, provenance_markdown
 from hyfunc.progress import steps
 
 

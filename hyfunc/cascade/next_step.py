@@ -55,9 +55,6 @@ class NextStepHead:
         x = (soft_tokens.float() - self.mean) / self.std
         return torch.sigmoid(x @ self.weight + self.bias)
 
-    def answers(self, soft_token: torch.Tensor) -> bool:
-        return float(self.p_answer(soft_token)) >= self.config.threshold
-
     def save(self, directory: str | Path) -> Path:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)

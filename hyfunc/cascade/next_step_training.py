@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from hyfunc.cascade.agent_steps import ANSWER, AgentStep, agent_steps
 from hyfunc.cascade.data import Example, load_examples
-from hyfunc.cascade.manifest import MANIFEST
+from hyfunc.cascade.manifest import MANIFEST, write_manifest
 from hyfunc.cascade.next_step import (
     NEXT_STEP_DIR,
     NextStepConfig,
@@ -35,7 +35,6 @@ from hyfunc.cascade.next_step import (
     held_out_scores,
 )
 from hyfunc.cascade.soft_token import SoftTokenEncoder
-from hyfunc.durable import write_durably
 from hyfunc.models.base import BackendBase
 from hyfunc.models.engines import load_backend
 
@@ -131,5 +130,5 @@ def add_next_step(artifact: Path, data: Sequence[str], per_source: int, engine: 
     record = train_next_step(artifact / NEXT_STEP_DIR, large, load_examples(list(data)), per_source, cache_dir, seed)
     record["data"] = [str(d) for d in data]
     manifest.setdefault("metrics", {})["next_step"] = {k: record[k] for k in ("conversations", "threshold", "held_out")}
-    write_durably(artifact / MANIFEST, json.dumps(manifest, indent=2))
+    write_manifest(artifact, manifest)
     return record

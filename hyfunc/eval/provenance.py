@@ -13,7 +13,7 @@ from typing import Any, Iterable
 import torch
 
 from hyfunc.cascade.manifest import MANIFEST
-from hyfunc.eval.machine import SPEED_FLAGS, cpu_info, git_state  # noqa: F401 (re-exported)
+from hyfunc.eval.machine import cpu_info, git_state
 from hyfunc.models.registry import DEFAULT_MODELS
 
 
