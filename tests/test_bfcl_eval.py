@@ -99,7 +99,7 @@ def test_system_messages_are_kept():
 def test_aliases_and_unknown_category():
     assert load_cases("simple", limit=1)[0].category == "simple_python"
     with pytest.raises(BfclError):
-        load_cases("multi_turn_base")
+        load_cases("web_search")
 
 
 def test_user_data_dir(tmp_path):

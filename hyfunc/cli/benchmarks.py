@@ -73,7 +73,7 @@ def _side_by_side_methods(args: argparse.Namespace) -> dict:
             label += "-2"
         methods[label] = other
     for spec in args.with_direct:
-        model, engine, direct = _direct_baseline(spec, args, getattr(main, "large", None))
+        model, engine, direct = _direct_baseline(spec, args, getattr(main, "large", None), prefix_caching=args.prefix_caching)
         methods[f"direct:{model}" + (f"@{engine}" if "@" in spec else "")] = direct
     return methods
 

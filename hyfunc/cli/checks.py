@@ -15,7 +15,7 @@ from typing import Sequence
 from hyfunc.cascade.manifest import MANIFEST
 from hyfunc.data import TOOL_LIBRARY
 from hyfunc.errors import InputError
-from hyfunc.formats.bfcl import canonical_category
+from hyfunc.formats.bfcl import canonical_category, is_multi_turn_category
 from hyfunc.formats.calls import (
     render_python_calls,
     to_bfcl_output,
@@ -110,6 +110,9 @@ def check_bfcl_inputs(categories: Sequence[str], data_dir: str | None) -> list[s
                 "<prefix>_<category>.json question files and possible_answer/ beside them)"
             )
     for category in categories:
+        if data_dir is not None and is_multi_turn_category(category):
+            raise InputError(f"--data-dir holds single-turn categories only; {category} is read from bfcl-eval's "
+                             "packaged data (its simulated APIs go with it)")
         data_files(category, data_dir)  # raises with the folder and the category when one is missing
     official_ast_checker()  # a missing or broken bfcl-eval shows now, not after the models load
     return categories

@@ -23,6 +23,7 @@ from typing import Any, Mapping, Sequence
 from tqdm import tqdm
 
 from hyfunc.eval import report
+from hyfunc.eval.bfcl_multi_turn import MultiTurnCase, evaluate_multi_turn_case, load_multi_turn_cases
 from hyfunc.eval.provenance import provenance
 from hyfunc.eval.records import done_ids, jsonable, read_case_records
 from hyfunc.formats.bfcl import (
@@ -35,6 +36,7 @@ from hyfunc.formats.bfcl import (
     bfcl_utils,
     canonical_category,
     import_bfcl,
+    is_multi_turn_category,
     official_ast_checker,
 )
 from hyfunc.formats.calls import to_bfcl_output
@@ -127,9 +129,16 @@ def data_files(category: str, data_dir: str | Path | None = None) -> tuple[Path,
     return q, a
 
 
-def load_cases(category: str, data_dir: str | Path | None = None, limit: int | None = None) -> list[BfclCase]:
+def load_cases(
+    category: str, data_dir: str | Path | None = None, limit: int | None = None
+) -> list[BfclCase] | list[MultiTurnCase]:
     """Read one BFCL category (packaged bfcl_eval data by default), in file order."""
     category = canonical_category(category)
+    if is_multi_turn_category(category):
+        if data_dir is not None:
+            raise BfclError(f"{category} is read from bfcl-eval's packaged data (its simulated APIs and their "
+                            "states go with it); --data-dir holds single-turn categories only")
+        return load_multi_turn_cases(category, limit)
     q_path, a_path = data_files(category, data_dir)
     entries = _read_jsonl(q_path)
     if limit is not None:
@@ -297,6 +306,8 @@ def run_side_by_side(
     all_cases = [c for cat in categories for c in load_cases(cat, data_dir, limit)]
     wanted = {c.id for c in all_cases}
     todo = [c for c in all_cases if any(c.id not in done[label] for label in methods)]
+    # Conversations over the same APIs one after another: their prompts share the tools (exact prefix reuse).
+    todo.sort(key=lambda c: (categories.index(c.category), tuple(getattr(c, "involved_classes", ()))))
     files = {label: open(dirs[label] / "cases.jsonl", "a", encoding="utf-8") for label in methods}
     try:
         with tqdm(total=len(all_cases), initial=len(all_cases) - len(todo), unit="case", disable=not progress,
@@ -305,7 +316,10 @@ def run_side_by_side(
                 for label, method in methods.items():
                     if case.id in done[label]:
                         continue
-                    record = evaluate_case(method, case)
+                    if isinstance(case, MultiTurnCase):
+                        record = evaluate_multi_turn_case(method, case)
+                    else:
+                        record = evaluate_case(method, case)
                     files[label].write(json.dumps(record, ensure_ascii=False, default=repr) + "\n")
                     files[label].flush()
                     os.fsync(files[label].fileno())
@@ -367,7 +381,8 @@ def run_metadata(method, categories, limit, data_dir) -> dict:
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "hyfunc_version": hyfunc_version(),
         "bfcl_eval_version": bfcl_eval_version(),
-        "checker": "bfcl_eval.eval_checker.ast_eval.ast_checker.ast_checker",
+        "checker": "bfcl_eval.eval_checker.ast_eval.ast_checker.ast_checker; multi-turn: "
+        "bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker.multi_turn_checker",
         "checker_model_name": CHECKER_MODEL_NAME,
         "python": sys.version.split()[0],
         "provenance": provenance([method]),
