@@ -83,11 +83,15 @@ def test_tool_results_are_json_or_prose_about_the_call() -> None:
     import random
 
     rng = random.Random(0)
-    results = [tool_result({"name": "getWeather", "arguments": {"city": "Oslo"}}, rng) for _ in range(30)]
+    made = [tool_result({"name": "getWeather", "arguments": {"city": "Oslo"}}, rng) for _ in range(30)]
+    results = [text for text, _ in made]
     as_json = [r for r in results if r.startswith("{")]
     assert as_json and len(as_json) < len(results)
     assert all(isinstance(json.loads(r), dict) for r in as_json)
     assert any(r.startswith("Get weather for city Oslo") for r in results)
+    # the key facts are the outcome's values, and every result states them
+    for text, facts in made:
+        assert facts and all(fact in text for fact in facts), (text, facts)
 
 
 def _separable(n: int, hidden: int = 8, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -136,11 +136,11 @@ def test_migrations_are_versioned_and_keep_data(store_url: str) -> None:
         assert old.schema_version() == 1
         old.write([encode(served(0, [WEATHER]))])
     with open_store(store_url) as new:  # a newer hyfunc opens the old store: migrates, keeps rows
-        assert new.schema_version() == 2
+        assert new.schema_version() == new.migrations[-1][0] >= 2
         assert [s.request.request_id for s in new.iter_requests()] == ["req-0"]
         new.save_labels([Label("req-0", True, [], {}, None, "", "")])
     with open_store(store_url) as again:  # reopening is a no-op
-        assert again.schema_version() == 2 and again.stats().labelled == 1
+        assert again.schema_version() == again.migrations[-1][0] and again.stats().labelled == 1
     # A store written by a *newer* hyfunc is refused rather than misread.
     with open_store(store_url) as store:
         with store._transaction(write=True) as cur:

@@ -37,6 +37,7 @@ class AgentStep:
     tools: list[Tool]
     label: str  # ANSWER | CALL
     remaining: list[dict] = field(default_factory=list)  # the calls still to make (CALL)
+    facts: list[str] = field(default_factory=list)  # the results' outcomes: what an answer must tell
 
 
 def _words(name: str) -> str:
@@ -59,30 +60,38 @@ def _outcome(call: dict, rng: random.Random) -> object:
     return {"count": rng.randint(0, 40), "items": rng.randint(0, 5)}
 
 
-def tool_result(call: dict, rng: random.Random) -> str:
-    """A plausible result of `call` ({"name", "arguments"}), as JSON or as a sentence."""
+def _facts(outcome: object) -> list[str]:
+    values = list(outcome.values()) if isinstance(outcome, dict) else outcome if isinstance(outcome, list) else [outcome]
+    return [str(v) for v in values]
+
+
+def tool_result(call: dict, rng: random.Random) -> tuple[str, list[str]]:
+    """A plausible result of `call` ({"name", "arguments"}), as JSON or as a sentence, and its
+    key facts (the outcome's values)."""
     arguments = call.get("arguments") or {}
     outcome = _outcome(call, rng)
     style = rng.randrange(3)
     if style == 0:
-        return json.dumps({"status": "success", **arguments, "result": outcome}, ensure_ascii=False)
+        return json.dumps({"status": "success", **arguments, "result": outcome}, ensure_ascii=False), _facts(outcome)
     if style == 1:
-        return json.dumps({"result": outcome}, ensure_ascii=False)
+        return json.dumps({"result": outcome}, ensure_ascii=False), _facts(outcome)
     shown = ", ".join(f"{k} {v}" for k, v in list(arguments.items())[:3])
     outcome_text = outcome if isinstance(outcome, str) else json.dumps(outcome, ensure_ascii=False)
-    return f"{_words(call['name']).capitalize()}{' for ' + shown if shown else ''}: {outcome_text}."
+    return f"{_words(call['name']).capitalize()}{' for ' + shown if shown else ''}: {outcome_text}.", _facts(outcome)
 
 
-def _call_turns(calls: Sequence[dict], prefix: str, rng: random.Random, together: bool) -> list[dict]:
-    """The assistant's calls and their results: all calls in one turn then their results, or one
-    call and its result at a time."""
+def _call_turns(calls: Sequence[dict], prefix: str, rng: random.Random, together: bool) -> tuple[list[dict], list[str]]:
+    """The assistant's calls and their results (all calls in one turn then their results, or one
+    call and its result at a time), and the results' key facts."""
     ids = [f"call_{prefix}_{i}" for i in range(len(calls))]
     wire = [{"id": i, "type": "function", "function": {"name": c["name"], "arguments": c.get("arguments") or {}}}
             for i, c in zip(ids, calls)]
-    results = [{"role": "tool", "tool_call_id": i, "content": tool_result(c, rng)} for i, c in zip(ids, calls)]
+    made = [tool_result(c, rng) for c in calls]
+    results = [{"role": "tool", "tool_call_id": i, "content": text} for i, (text, _) in zip(ids, made)]
+    facts = [fact for _, found in made for fact in found]
     if together:
-        return [{"role": "assistant", "content": "", "tool_calls": wire}, *results]
-    return [m for w, r in zip(wire, results) for m in ({"role": "assistant", "content": "", "tool_calls": [w]}, r)]
+        return [{"role": "assistant", "content": "", "tool_calls": wire}, *results], facts
+    return [m for w, r in zip(wire, results) for m in ({"role": "assistant", "content": "", "tool_calls": [w]}, r)], facts
 
 
 def _calls(example: Example) -> list[dict]:
@@ -93,11 +102,13 @@ def _steps_of(example: Example, rng: random.Random) -> Iterable[AgentStep]:
     calls = _calls(example)
     user = {"role": "user", "content": example.query}
     together = rng.random() < 0.5
-    yield AgentStep(example.id, example.source, [user, *_call_turns(calls, "a", rng, together)], list(example.tools), ANSWER)
+    turns, facts = _call_turns(calls, "a", rng, together)
+    yield AgentStep(example.id, example.source, [user, *turns], list(example.tools), ANSWER, facts=facts)
     if len(calls) > 1:
         k = rng.randint(1, len(calls) - 1)
-        done = _call_turns(calls[:k], "p", rng, together)
-        yield AgentStep(f"{example.id}:first{k}", example.source, [user, *done], list(example.tools), CALL, calls[k:])
+        done, facts = _call_turns(calls[:k], "p", rng, together)
+        yield AgentStep(f"{example.id}:first{k}", example.source, [user, *done], list(example.tools), CALL, calls[k:],
+                        facts)
 
 
 def _joined(first: Example, second: Example, rng: random.Random) -> Iterable[AgentStep]:
@@ -106,11 +117,11 @@ def _joined(first: Example, second: Example, rng: random.Random) -> Iterable[Age
     query = first.query.rstrip() + rng.choice(JOINERS) + second.query.lstrip()
     user = {"role": "user", "content": query}
     together = rng.random() < 0.5
-    head = _call_turns(_calls(first), "j1", rng, together)
+    head, head_facts = _call_turns(_calls(first), "j1", rng, together)
     rid = f"{first.id}+{second.id}"
-    yield AgentStep(f"{rid}:first", first.source, [user, *head], tools, CALL, _calls(second))
-    tail = _call_turns(_calls(second), "j2", rng, together)
-    yield AgentStep(rid, first.source, [user, *head, *tail], tools, ANSWER)
+    yield AgentStep(f"{rid}:first", first.source, [user, *head], tools, CALL, _calls(second), head_facts)
+    tail, tail_facts = _call_turns(_calls(second), "j2", rng, together)
+    yield AgentStep(rid, first.source, [user, *head, *tail], tools, ANSWER, facts=head_facts + tail_facts)
 
 
 def agent_steps(examples: Sequence[Example], per_source: int, seed: int = 0) -> list[AgentStep]:

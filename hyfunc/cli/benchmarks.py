@@ -92,6 +92,23 @@ def _direct_baseline(spec: str, args: argparse.Namespace, large, prefix_caching:
     return model, engine, direct
 
 
+def cmd_eval_answers(args: argparse.Namespace) -> int:
+    import sys
+
+    from hyfunc.eval.final_answers import answer_facts, held_out_answer_steps, write_report
+    from hyfunc.models.engines import load_backend
+
+    steps = held_out_answer_steps(args.data, args.per_source)
+    if not steps:
+        raise InputError(f"no conversation with calls in the validation split of {' '.join(args.data)}")
+    backend = load_backend(args.model, args.engine, args.device, role="large")
+    records = answer_facts(backend, steps, args.max_tokens)
+    meta = {"model": args.model, "engine": backend.engine, "max_tokens": args.max_tokens, "per_source": args.per_source}
+    write_report(Path(args.out), records, meta, sys.argv)
+    print((Path(args.out) / "README.md").read_text())
+    return 0
+
+
 def cmd_eval_compare(args: argparse.Namespace) -> int:
     from hyfunc.eval.report import compare_runs
 

@@ -164,19 +164,18 @@ def parse_period(text: str) -> float:
 
 
 def cmd_cycle(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from hyfunc.methods.cascade import DEFAULT_ARTIFACT
     from hyfunc.models.registry import hyfunc_home
     from hyfunc.routing.cycle import CycleConfig, cycle_json, describe, run_cycle
     from hyfunc.routing.distil import DistilConfig
     from hyfunc.routing.routed import SharedEmbedder
-    from hyfunc.routing.versions import GateConfig, Versions
+    from hyfunc.routing.registry import open_versions
+    from hyfunc.routing.versions import GateConfig
 
     def body() -> int:
         every = parse_period(args.every) if args.every else None
         window = parse_period(args.window) if args.window else None
-        versions = Versions(Path(args.out) if args.out else hyfunc_home() / "odia")
+        versions = open_versions(args.out or hyfunc_home() / "odia")
         embedder = SharedEmbedder()
         distil = DistilConfig(epochs=args.epochs, lora_rank=args.lora_rank, replay_fraction=args.replay_fraction,
                               max_items=args.max_items)
@@ -206,16 +205,18 @@ def cmd_cycle(args: argparse.Namespace) -> int:
         return 0
 
 
-def _versions(directory: str | None):
+def _versions(location: str | None):
     from pathlib import Path
 
     from hyfunc.models.registry import hyfunc_home
-    from hyfunc.routing.versions import Versions
+    from hyfunc.routing.registry import is_registry_url, open_versions
 
-    path = Path(directory) if directory else hyfunc_home() / "odia"
+    if location and is_registry_url(location):
+        return open_versions(location)
+    path = Path(location) if location else hyfunc_home() / "odia"
     if not path.is_dir():
         raise StoreError(f"no versions at {path} (no cycle has run yet, or a wrong --dir)")
-    return Versions(path)
+    return open_versions(path)
 
 
 def cmd_status(args: argparse.Namespace) -> int:

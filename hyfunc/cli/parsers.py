@@ -80,7 +80,7 @@ def _add_method_args(parser: argparse.ArgumentParser, prefix_caching: bool) -> N
     )
     parser.add_argument("--small-engine", choices=ENGINES, help="the cascade's small model on another engine")
     parser.add_argument(
-        "--router", metavar="DIR",
+        "--router", metavar="DIR|URL",
         help="route each request to the small path or the cascade (method hyfunc): a versions directory of "
         "`hyfunc odia cycle --out` (its champion) or one version",
     )
@@ -141,6 +141,17 @@ def _add_eval_parser(sub: argparse._SubParsersAction) -> None:
         f"a variant with both off (stages: {', '.join(ABLATABLE)})",
     )
     bfcl.set_defaults(handler=f"{BENCHMARKS}:cmd_eval_bfcl", needs=PLOTS)
+    answers = eval_sub.add_parser(
+        "answers", help="final answers after tool results: are the results' key facts in the text reply?")
+    _add_data_arg(answers, "fc-train files or directories (the validation split is used)")
+    answers.add_argument("--per-source", type=int, default=10, help="conversations per source (default 10)")
+    answers.add_argument("--model", default=DEFAULT_LARGE, help=f"the model writing the replies (default {DEFAULT_LARGE}, "
+                         "the shipped cascade's large model, which writes its text replies)")
+    answers.add_argument("--engine", default=DEFAULT_ENGINE, choices=ENGINES, help="engine (default auto, as the cascade's large model)")
+    answers.add_argument("--device", default=None)
+    answers.add_argument("--max-tokens", type=int, default=200)
+    answers.add_argument("--out", default="reports/final-answers", help="where final_answers.{json,png}, README.md go")
+    answers.set_defaults(handler=f"{BENCHMARKS}:cmd_eval_answers", needs=PLOTS)
     compare = eval_sub.add_parser("compare", help="merge several BFCL runs into one table and plot")
     compare.add_argument("runs", nargs="+", help="report directories of `hyfunc eval bfcl`")
     compare.add_argument("--out", required=True, help="where comparison.{json,md,png} go")
@@ -346,7 +357,7 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
                        help="with --traffic: keep only the newest N logged requests, pruned at start and then every "
                        "5 minutes (default: keep everything)")
     serve.add_argument(
-        "--router", metavar="DIR",
+        "--router", metavar="DIR|URL",
         help="route each request to the small path or the cascade (method hyfunc): a versions directory of "
         "`hyfunc odia cycle --out` (its champion, promotions picked up live) or one version",
     )
@@ -407,11 +418,11 @@ def _add_odia_parser(sub: argparse._SubParsersAction) -> None:
     _add_odia_cycle_parser(odia_sub)
 
     status = odia_sub.add_parser("status", help="versions, the champion and their held-out metrics")
-    status.add_argument("--dir", default=None, help="versions directory (default: $HYFUNC_HOME/odia)")
+    status.add_argument("--dir", default=None, help="versions directory or PostgreSQL URL (default: $HYFUNC_HOME/odia)")
     status.set_defaults(handler=f"{ODIA}:cmd_status")
 
     rollback = odia_sub.add_parser("rollback", help="make the previous champion the champion again")
-    rollback.add_argument("--dir", default=None, help="versions directory (default: $HYFUNC_HOME/odia)")
+    rollback.add_argument("--dir", default=None, help="versions directory or PostgreSQL URL (default: $HYFUNC_HOME/odia)")
     rollback.set_defaults(handler=f"{ODIA}:cmd_rollback")
 
 
@@ -419,7 +430,8 @@ def _add_odia_cycle_parser(odia_sub: argparse._SubParsersAction) -> None:
     cycle = odia_sub.add_parser("cycle", help="one gated update: distil -> mine -> router -> replay held-out traffic -> promote if not worse")
     cycle.add_argument("--store", default=None, help=STORE_HELP)
     cycle.add_argument("--artifact", default=None, help="the served cascade (its small model and adapter; default: the shipped one)")
-    cycle.add_argument("--out", default=None, help="versions directory (default: $HYFUNC_HOME/odia); serve it with --router")
+    cycle.add_argument("--out", default=None, help="versions directory, or a PostgreSQL URL that replicas share (default: "
+                       "$HYFUNC_HOME/odia); serve it with --router")
     cycle.add_argument("--every", default=None, metavar="PERIOD", help="run again every PERIOD (seconds, or 30m, 1h, 1d)")
     cycle.add_argument("--window", default=None, metavar="PERIOD", help="only the traffic of the last PERIOD (default: all)")
     cycle.add_argument("--target", type=float, default=0.99, help="agreement with the large path to keep (default 0.99)")

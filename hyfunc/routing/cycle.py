@@ -64,7 +64,7 @@ from hyfunc.routing.routed import (
 )
 from hyfunc.routing.router import RouterError, RoutingExample, train_router
 from hyfunc.routing.store import LARGE_PATHS, Label, Query, TrafficStore
-from hyfunc.routing.versions import GateConfig, Metrics, Verdict, Versions, gate
+from hyfunc.routing.versions import GateConfig, Metrics, Verdict, VersionStore, gate
 
 
 DISTIL_ON = ("all", "agreed", "none")  # which teacher answers a cycle distils
@@ -124,7 +124,7 @@ def _gold(store: TrafficStore, query: Query, extra: Mapping[str, list[dict]] | N
     return {**gold, **(extra or {})}
 
 
-def run_cycle(store: TrafficStore, versions: Versions, artifact: str | Path, config: CycleConfig | None = None,
+def run_cycle(store: TrafficStore, versions: VersionStore, artifact: str | Path, config: CycleConfig | None = None,
               embedder: Embedder | None = None, gold: Mapping[str, list[dict]] | None = None) -> CycleReport:
     config = config or CycleConfig()
     if config.distil_on not in DISTIL_ON:
@@ -167,7 +167,7 @@ def run_cycle(store: TrafficStore, versions: Versions, artifact: str | Path, con
     else:
         selector_dir = Path(config.selector) if config.selector else default_selector_dir()
 
-    work = versions.root / "work" / f"cycle-{uuid.uuid4().hex[:8]}"
+    work = versions.scratch / f"cycle-{uuid.uuid4().hex[:8]}"
     try:
         candidate_dir = work / "small"
         candidate_dir.mkdir(parents=True)

@@ -32,6 +32,14 @@ MIGRATIONS: tuple[Migration, ...] = (
         "simple INTEGER NOT NULL, small_calls TEXT NOT NULL, features TEXT NOT NULL, embedding BYTEA, "
         "embedder TEXT NOT NULL, small_path TEXT NOT NULL, labelled DOUBLE PRECISION NOT NULL)",
     )),
+    (3, "router versions and their aliases, shared by replicas (hyfunc.routing.registry)", (
+        "CREATE TABLE version_files (sha256 TEXT PRIMARY KEY, data BYTEA NOT NULL)",
+        "CREATE TABLE versions (id TEXT PRIMARY KEY, created DOUBLE PRECISION NOT NULL, manifest TEXT NOT NULL, "
+        "files TEXT NOT NULL)",
+        "CREATE TABLE version_aliases (name TEXT PRIMARY KEY, champion TEXT REFERENCES versions(id), "
+        "history TEXT NOT NULL, updated DOUBLE PRECISION NOT NULL)",
+        "INSERT INTO version_aliases VALUES ('main', NULL, '[]', 0)",
+    )),
 )
 
 # Any constants work: each only has to be the same for every hyfunc process using this database.
@@ -116,6 +124,11 @@ class PostgresStore(SQLStore):
         # NOTHING), so no row lock stops the deletion of an unused one from racing its insert.
         lock = "pg_advisory_xact_lock" if exclusive else "pg_advisory_xact_lock_shared"
         cursor.execute(f"SELECT {lock}(%s)", (_LIBRARIES_LOCK_KEY,))
+
+    def transaction(self) -> Any:
+        """A cursor in one transaction on the migrated schema, for the version registry's tables."""
+        self._ensure_schema()
+        return self._transaction(write=True)
 
     def ping(self) -> None:
         """Raise StoreUnavailable unless the database answers now."""

@@ -2,10 +2,11 @@
 
 A *routing directory* (what `--router DIR` names) is either
 
-- a versions directory written by `hyfunc odia cycle` (`aliases.json` + `versions/<id>/`): the
-  champion version is served, and a promotion or rollback is picked up without a restart
-  (`aliases.json` is polled; the new version loads in the background and is swapped in between
-  requests, so none is dropped); before any promotion everything goes to the cascade;
+- versions written by `hyfunc odia cycle`, in a directory (`aliases.json` + `versions/<id>/`) or
+  in PostgreSQL (a URL: replicas share them, hyfunc.routing.registry): the champion version is
+  served, and a promotion or rollback is picked up without a restart (the champion is polled; the
+  new version loads in the background and is swapped in between requests, so none is dropped);
+  before any promotion everything goes to the cascade;
 - one version directory: ``router/`` (hyfunc.routing.router) and ``small/`` (small.json naming
   the base small model, its LoRA ``adapter/`` and the tool ``selector/``). A version whose small
   model is the cascade's own, unchanged (no distillation), names the adapter "cascade" with its
@@ -39,6 +40,8 @@ from hyfunc.methods.base import Answer
 from hyfunc.methods.small import SmallMethod
 from hyfunc.models.minilm import Embedder, MiniLMEmbedder
 from hyfunc.routing.router import Router
+from hyfunc.routing.store import StoreError
+from hyfunc.routing.versions import VersionStore
 
 log = logging.getLogger("hyfunc.routing")
 
@@ -173,7 +176,7 @@ class RoutedMethod:
         # them, later cycles would learn from the hard requests only).
         self.explore = explore
         self._rng = random.Random(seed)
-        self._watch: tuple[Path, float, str | None] | None = None  # (versions root, poll s, champion)
+        self._watch: tuple[VersionStore, float, str | None] | None = None  # (versions, poll s, champion)
         self._next_poll = 0.0
         self._loading = threading.Lock()
         self._engine, self._device = "auto", None
@@ -185,24 +188,25 @@ class RoutedMethod:
              poll_seconds: float = 5.0, embedder: SharedEmbedder | None = None) -> "RoutedMethod":
         """Route between `cascade` and the small path of `directory` (see the module docstring).
         A versions directory without a champion yet routes nothing until one is promoted."""
-        directory = Path(directory)
+        from hyfunc.routing.registry import is_registry_url, open_versions
+
         embedder = embedder or SharedEmbedder()
         adapter = cascade_adapter_of(cascade)
-        if (directory / "router").is_dir() and (directory / "small").is_dir():
-            method = cls(cascade, load_version(directory, embedder, engine, device, directory.name, adapter), embedder)
-        elif (directory / "aliases.json").is_file() or (directory / "versions").is_dir():
-            from hyfunc.routing.versions import Versions
-
-            champion = Versions(directory).champion
+        path = Path(directory)
+        if not is_registry_url(directory) and (path / "router").is_dir() and (path / "small").is_dir():
+            method = cls(cascade, load_version(path, embedder, engine, device, path.name, adapter), embedder)
+        elif is_registry_url(directory) or (path / "aliases.json").is_file() or (path / "versions").is_dir():
+            versions = open_versions(directory)
+            champion = versions.champion
             if champion is None:
                 routing = Routing(None, None, None)
             else:
-                routing = load_version(Versions(directory).path(champion), embedder, engine, device, champion, adapter)
+                routing = load_version(versions.path(champion), embedder, engine, device, champion, adapter)
             method = cls(cascade, routing, embedder)
-            method._watch = (directory, poll_seconds, champion)
+            method._watch = (versions, poll_seconds, champion)
         else:
-            raise FileNotFoundError(f"{directory}: neither a versions directory (hyfunc odia cycle --out) nor a "
-                                    "version (router/ and small/)")
+            raise FileNotFoundError(f"{directory}: neither a versions directory or PostgreSQL URL (hyfunc odia "
+                                    "cycle --out) nor a version (router/ and small/)")
         method._engine, method._device = engine, device
         if method.routing.router is not None and method.routing.router.needs_small_answer:
             log.info("router %s reads the small path's answer: requests run the small path first",
@@ -214,27 +218,23 @@ class RoutedMethod:
         """Cheap (a stat and a small JSON read every poll interval); loading runs in a thread."""
         if self._watch is None or time.monotonic() < self._next_poll:
             return
-        root, every, known = self._watch
+        versions, every, known = self._watch
         self._next_poll = time.monotonic() + every
-        from hyfunc.routing.versions import Versions
-
         try:
-            champion = Versions(root).champion
-        except (OSError, ValueError) as err:
-            log.warning("cannot read the champion in %s: %s", root, err)
+            champion = versions.champion
+        except (OSError, ValueError, StoreError) as err:
+            log.warning("cannot read the champion in %s: %s", versions, err)
             return
         if champion == known or champion is None or not self._loading.acquire(blocking=False):
             return
-        threading.Thread(target=self._switch, args=(root, champion), name="hyfunc-routing-load", daemon=True).start()
+        threading.Thread(target=self._switch, args=(versions, champion), name="hyfunc-routing-load", daemon=True).start()
 
-    def _switch(self, root: Path, champion: str) -> None:
-        from hyfunc.routing.versions import Versions
-
+    def _switch(self, versions: VersionStore, champion: str) -> None:
         try:
-            routing = load_version(Versions(root).path(champion), self.embedder or SharedEmbedder(), self._engine,
+            routing = load_version(versions.path(champion), self.embedder or SharedEmbedder(), self._engine,
                                    self._device, champion, cascade_adapter_of(self.cascade))
             self.routing = routing  # one assignment: a request sees the old version or the new one
-            self._watch = (root, self._watch[1] if self._watch else 5.0, champion)
+            self._watch = (versions, self._watch[1] if self._watch else 5.0, champion)
             log.info("now serving version %s", champion)
         except Exception:  # noqa: BLE001 - keep serving the current version; retried at the next poll
             log.exception("loading version %s failed", champion)

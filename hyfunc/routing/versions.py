@@ -1,25 +1,28 @@
 """Versions of what a cycle produces (router, later the distilled small model), and the gate that
 decides whether a candidate replaces the champion.
 
-- A version is an immutable directory `versions/<id>/` with a `manifest.json` (parents, data
-  window, metrics, created). It is built in a temporary directory, fsynced and renamed into place
-  (hyfunc.durable), so a reader never sees a half-written version and a crash leaves only a stray
-  temporary directory.
-- Aliases live in `aliases.json`: `champion` and the stack of earlier champions. Promotion and
-  rollback rewrite that one file atomically and durably, so a server polling it switches from one
-  complete version to another, never to something in between, and a power cut cannot undo a
-  promotion nor leave the alias naming a version whose files never reached the disk.
+- A version is immutable: a directory with a `manifest.json` (parents, data window, metrics,
+  created), built in a temporary directory, fsynced and renamed into place (hyfunc.durable), so a
+  reader never sees a half-written version and a crash leaves only a stray temporary directory.
+- Aliases: `champion` and the stack of earlier champions. Promotion and rollback read, change and
+  write them as one step under a lock, so two processes promoting and rolling back at once never
+  lose an update, and a server polling the champion switches from one complete version to another.
+- Where they live: `Versions`, a directory (`versions/<id>/`, `aliases.json` rewritten durably
+  under a file lock) for one machine; `registry.PostgresVersions`, PostgreSQL (row locks, files
+  content-addressed in the database), for replicas. `registry.open_versions` picks by location.
 - The gate refuses a candidate whose agreement with the large path, accuracy, or small path's
   accuracy on a labelled set drops by more than a tolerance, or whose latency grows; it says why.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from hyfunc.durable import durable_replacement, write_durably
 
@@ -80,21 +83,103 @@ def gate(champion: Metrics | None, candidate: Metrics, config: GateConfig = Gate
     return Verdict(not reasons, reasons or ["no regression"])
 
 
-class Versions:
+def new_version_id() -> str:
+    return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + uuid.uuid4().hex[:8]
+
+
+def version_manifest(vid: str, metrics: Metrics, parents: list[str], window: dict | None, note: str) -> dict:
+    return {"id": vid, "created": time.time(), "parents": parents, "window": window or {},
+            "metrics": asdict(metrics), "note": note}
+
+
+class VersionStore:
+    """Where versions and their aliases live; see the module docstring."""
+
+    scratch: Path  # a local directory for work in progress (a cycle's training)
+
+    def create(self, build: Callable[[Path], None], *, metrics: Metrics, parents: list[str],
+               window: dict | None = None, note: str = "") -> str:
+        """Build a version with `build(directory)` and freeze it; returns its id."""
+        raise NotImplementedError
+
+    def path(self, vid: str) -> Path:
+        """A local directory holding the version's files."""
+        raise NotImplementedError
+
+    def manifest(self, vid: str) -> dict:
+        raise NotImplementedError
+
+    def list(self) -> list[dict]:
+        """Every version's manifest, oldest first."""
+        raise NotImplementedError
+
+    def aliases(self) -> dict:
+        """{"champion": id or None, "history": earlier champions, oldest first}."""
+        raise NotImplementedError
+
+    def promote(self, vid: str) -> None:
+        raise NotImplementedError
+
+    def rollback(self) -> str:
+        """Make the previous champion the champion again; returns it."""
+        raise NotImplementedError
+
+    def metrics(self, vid: str) -> Metrics:
+        return Metrics(**self.manifest(vid)["metrics"])
+
+    @property
+    def champion(self) -> str | None:
+        return self.aliases()["champion"]
+
+    @property
+    def previous(self) -> str | None:
+        history = self.aliases()["history"]
+        return history[-1] if history else None
+
+    def consider(self, build: Callable[[Path], None], metrics: Metrics, config: GateConfig = GateConfig(),
+                 window: dict | None = None) -> tuple[str, Verdict]:
+        """Freeze a candidate (kept either way, for the record) and promote it if the gate passes."""
+        champion = self.champion
+        verdict = gate(None if champion is None else self.metrics(champion), metrics, config)
+        vid = self.create(build, metrics=metrics, parents=[champion] if champion else [], window=window,
+                          note="; ".join(verdict.reasons))
+        if verdict.promote:
+            self.promote(vid)
+        return vid, verdict
+
+
+def promoted(aliases: dict, vid: str) -> dict:
+    if aliases["champion"] == vid:
+        return aliases
+    history = aliases["history"] + ([aliases["champion"]] if aliases["champion"] is not None else [])
+    return {"champion": vid, "history": history}
+
+
+def rolled_back(aliases: dict) -> dict:
+    if not aliases["history"]:
+        raise VersionError("nothing to roll back to: no earlier champion")
+    return {"champion": aliases["history"][-1], "history": aliases["history"][:-1]}
+
+
+class Versions(VersionStore):
+    """Versions in a directory: one machine, or a path every process mounts."""
+
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
         (self.root / "versions").mkdir(parents=True, exist_ok=True)
+        self.scratch = self.root / "work"
+
+    def __str__(self) -> str:
+        return str(self.root)
 
     # -- versions ----------------------------------------------------------------------------
     def create(self, build: Callable[[Path], None], *, metrics: Metrics, parents: list[str],
                window: dict | None = None, note: str = "") -> str:
-        """Build a version with `build(directory)` and freeze it; returns its id."""
-        vid = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + uuid.uuid4().hex[:8]
+        vid = new_version_id()
         with durable_replacement(self.root / "versions" / vid) as directory:
             directory.mkdir()
             build(directory)
-            manifest = {"id": vid, "created": time.time(), "parents": parents, "window": window or {},
-                        "metrics": asdict(metrics), "note": note}
+            manifest = version_manifest(vid, metrics, parents, window, note)
             (directory / "manifest.json").write_text(json.dumps(manifest, indent=2))
         return vid
 
@@ -107,9 +192,6 @@ class Versions:
     def manifest(self, vid: str) -> dict:
         return json.loads((self.path(vid) / "manifest.json").read_text())
 
-    def metrics(self, vid: str) -> Metrics:
-        return Metrics(**self.manifest(vid)["metrics"])
-
     def list(self) -> list[dict]:
         # A dot-directory is a version a crash interrupted before its rename into place.
         found = [json.loads(p.read_text()) for p in (self.root / "versions").glob("*/manifest.json")
@@ -117,48 +199,30 @@ class Versions:
         return sorted(found, key=lambda m: m["created"])
 
     # -- aliases -----------------------------------------------------------------------------
-    def _aliases(self) -> dict:
+    def aliases(self) -> dict:
         f = self.root / "aliases.json"
         return json.loads(f.read_text()) if f.is_file() else {"champion": None, "history": []}
 
-    def _write_aliases(self, aliases: dict) -> None:
-        write_durably(self.root / "aliases.json", json.dumps(aliases, indent=2))
-
-    @property
-    def champion(self) -> str | None:
-        return self._aliases()["champion"]
-
-    @property
-    def previous(self) -> str | None:
-        history = self._aliases()["history"]
-        return history[-1] if history else None
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        # Readers need no lock (the file is replaced whole); writers must not interleave their
+        # read-change-write, or one's update is lost.
+        with open(self.root / "aliases.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
 
     def promote(self, vid: str) -> None:
         self.path(vid)  # must exist
-        aliases = self._aliases()
-        if aliases["champion"] == vid:
-            return
-        if aliases["champion"] is not None:
-            aliases["history"].append(aliases["champion"])
-        aliases["champion"] = vid
-        self._write_aliases(aliases)
+        with self._locked():
+            aliases = self.aliases()
+            if aliases["champion"] != vid:
+                write_durably(self.root / "aliases.json", json.dumps(promoted(aliases, vid), indent=2))
 
     def rollback(self) -> str:
-        """Make the previous champion the champion again; returns it."""
-        aliases = self._aliases()
-        if not aliases["history"]:
-            raise VersionError("nothing to roll back to: no earlier champion")
-        aliases["champion"] = aliases["history"].pop()
-        self._write_aliases(aliases)
+        with self._locked():
+            aliases = rolled_back(self.aliases())
+            write_durably(self.root / "aliases.json", json.dumps(aliases, indent=2))
         return aliases["champion"]
-
-    def consider(self, build: Callable[[Path], None], metrics: Metrics, config: GateConfig = GateConfig(),
-                 window: dict | None = None) -> tuple[str, Verdict]:
-        """Freeze a candidate (kept either way, for the record) and promote it if the gate passes."""
-        champion = self.champion
-        verdict = gate(None if champion is None else self.metrics(champion), metrics, config)
-        vid = self.create(build, metrics=metrics, parents=[champion] if champion else [], window=window,
-                          note="; ".join(verdict.reasons))
-        if verdict.promote:
-            self.promote(vid)
-        return vid, verdict

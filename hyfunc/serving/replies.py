@@ -37,6 +37,9 @@ CALL_INSTRUCTION = (
 )
 
 
+#: Joins the system prompt of a text reply written after tool results.
+ANSWER_FROM_RESULTS = "Answer the user's request in plain text, using the function results above."
+
 #: How a chat model's reply opens when it writes a call instead of text (Qwen's `<tool_call>` tag
 #: is a special token, decoded away, which leaves the JSON).
 CALL_OPENERS = ('{"name"', '[{"name"', "<tool_call>")

@@ -37,7 +37,7 @@ from hyfunc.serving.errors import APIError, bad_request
 from hyfunc.serving.library_cache import LibraryCache
 from hyfunc.serving.metrics import ServerMetrics
 from hyfunc.serving.protocol import ChatCompletionRequest
-from hyfunc.serving.replies import FALLBACK_TEXT, CallWriter, write_text
+from hyfunc.serving.replies import ANSWER_FROM_RESULTS, FALLBACK_TEXT, CallWriter, write_text
 
 log = logging.getLogger("hyfunc.serving")
 
@@ -420,7 +420,7 @@ class ChatService:
         if prepared.choice == "none":
             return "Answer in plain text, without calling any function."
         if any(t.role == "tool" for t in prepared.conversation.turns[prepared.conversation.current :]):
-            return "Answer the user's request in plain text, using the function results above."
+            return ANSWER_FROM_RESULTS
         n = len(prepared.tools)
         names = f"({', '.join(t.name for t in prepared.tools)}) " if n <= 20 else ""
         return (
