@@ -105,6 +105,10 @@ def test_ground_truth_scores_right_and_silence_wrong(tmp_path):
         assert summaries["silent"]["overall"]["correct"] == 0
         errors = [json.loads(line)["error"] for line in (out["silent"] / "cases.jsonl").read_text().splitlines()]
         assert all("empty_turn_model_response" in e for e in errors)
+        figures = summaries["silent"]["multi_turn"][category]
+        assert figures["failures"] == {"multi_turn:empty_turn_model_response": 2} and figures["calls_executed"] == 0
+        assert summaries["ground-truth"]["multi_turn"][category]["failures"] == {}
+        assert "Multi-turn conversations" in (out["silent"] / "results.md").read_text()
     # miss_func: the added function is offered from its turn on, not before
     case = load_multi_turn_cases("multi_turn_miss_func", limit=1)[0]
     oracle = GroundTruthMethod([case])

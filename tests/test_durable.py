@@ -72,7 +72,7 @@ def test_versions_and_aliases_are_written_durably(tmp_path: Path, fsynced: list[
     fsynced.clear()
     versions.promote(vid)
     assert fsynced == [(tmp_path / "odia" / "aliases.json").stat().st_ino, (tmp_path / "odia").stat().st_ino]
-    assert versions.champion == vid and sorted(os.listdir(tmp_path / "odia")) == ["aliases.json", "versions"]
+    assert versions.champion == vid and sorted(os.listdir(tmp_path / "odia")) == ["aliases.json", "aliases.lock", "versions"]
     # A version a crash interrupted before its rename is not listed.
     stray = tmp_path / "odia" / "versions" / f".{vid}x.1234abcd.tmp"
     stray.mkdir()

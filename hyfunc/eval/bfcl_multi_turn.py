@@ -16,8 +16,11 @@ truth's after every turn.
 from __future__ import annotations
 
 import copy
+import re
+import statistics
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -196,3 +199,36 @@ def evaluate_multi_turn_case(method, case: MultiTurnCase) -> dict:
         apis.close()
     return {"id": case.id, "category": case.category, "correct": correct, "error": error,
             "model_error": None, "gold_functions": [], **run}
+
+
+def conversation_figures(records: list[dict]) -> dict[str, dict] | None:
+    """Per multi-turn category: how the conversations failed (bfcl-eval's error types), the steps
+    per conversation and the turns cut by the step limit; None when no record is multi-turn."""
+    out = {}
+    for category in dict.fromkeys(r["category"] for r in records if "turns" in r):
+        rows = [r for r in records if r["category"] == category and "turns" in r]
+        failures = Counter(_error_type(r["error"]) for r in rows if not r["correct"])
+        out[category] = {
+            "n": len(rows),
+            "failures": dict(failures.most_common()),
+            "steps_median": statistics.median(r["steps"] for r in rows),
+            "calls_executed": sum(len(s["calls"]) for r in rows for t in r["turns"] for s in t),
+            "invalid_outputs": sum(bool(s["error"]) for r in rows for t in r["turns"] for s in t),
+            "step_limit_hit": sum(bool(r["force_quit"]) for r in rows),
+        }
+    return out or None
+
+
+def _error_type(error: str) -> str:
+    match = re.match(r"\[([^\]]*)\]", error)
+    return match.group(1) if match else error.split(":")[0]
+
+
+def conversation_markdown(figures: dict[str, dict]) -> list[str]:
+    lines = ["| category | n | median steps | calls executed | outputs not a valid call | step limit hit | failures |",
+             "|---|---:|---:|---:|---:|---:|---|"]
+    for category, f in figures.items():
+        failures = ", ".join(f"{kind} {count}" for kind, count in f["failures"].items()) or "–"
+        lines.append(f"| {category} | {f['n']} | {f['steps_median']:g} | {f['calls_executed']} | {f['invalid_outputs']} | "
+                     f"{f['step_limit_hit']} | {failures} |")
+    return lines

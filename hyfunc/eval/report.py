@@ -12,6 +12,7 @@ import numpy as np
 
 from hyfunc.cascade.retriever import exact_set_accuracy, recall_at_k, refusal_accuracy
 from hyfunc.errors import InputError
+from hyfunc.eval.bfcl_multi_turn import conversation_figures, conversation_markdown
 from hyfunc.eval.plots import pyplot
 from hyfunc.eval.provenance import provenance_markdown
 from hyfunc.eval.records import read_case_records
@@ -58,6 +59,7 @@ def summarize(records: Iterable[dict], categories: Sequence[str] | None = None) 
         # cascade runs only (None otherwise): what the templating injected, what the retriever chose
         "generated_tokens": generated_share(kept),
         "retrieval": retrieval_metrics(kept),
+        "multi_turn": conversation_figures(kept),  # how conversations went (multi-turn categories only)
     }
 
 
@@ -119,6 +121,9 @@ def write_reports(summary: dict, out_dir: str | Path) -> dict[str, Path]:
     if cm is not None:
         lines += [f"Unweighted mean of category accuracies: {100 * cm:.1f} %. "
                   "Latency is wall-clock per case, seconds.", ""]
+    if summary.get("multi_turn"):
+        lines += ["Multi-turn conversations (bfcl-eval's error types for the failures):", "",
+                  *conversation_markdown(summary["multi_turn"]), ""]
     cascade = {k: summary[k] for k in ("generated_tokens", "retrieval") if summary.get(k)}
     if cascade:
         lines += _analysis_markdown({meta.get("method", "method"): cascade}, None) + [""]

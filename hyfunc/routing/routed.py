@@ -185,7 +185,7 @@ class RoutedMethod:
     # -- construction ----------------------------------------------------------------------
     @classmethod
     def load(cls, cascade: Any, directory: str | Path, engine: str = "auto", device: str | None = None,
-             poll_seconds: float = 5.0, embedder: SharedEmbedder | None = None) -> "RoutedMethod":
+             poll_seconds: float = 2.0, embedder: SharedEmbedder | None = None) -> "RoutedMethod":
         """Route between `cascade` and the small path of `directory` (see the module docstring).
         A versions directory without a champion yet routes nothing until one is promoted."""
         from hyfunc.routing.registry import is_registry_url, open_versions
@@ -234,7 +234,7 @@ class RoutedMethod:
             routing = load_version(versions.path(champion), self.embedder or SharedEmbedder(), self._engine,
                                    self._device, champion, cascade_adapter_of(self.cascade))
             self.routing = routing  # one assignment: a request sees the old version or the new one
-            self._watch = (versions, self._watch[1] if self._watch else 5.0, champion)
+            self._watch = (versions, self._watch[1] if self._watch else 2.0, champion)
             log.info("now serving version %s", champion)
         except Exception:  # noqa: BLE001 - keep serving the current version; retried at the next poll
             log.exception("loading version %s failed", champion)
@@ -420,7 +420,7 @@ class _SmallFirstSlot:
 
 
 def routed_serving(load_cascade: Callable[[], Any], directory: str | Path, engine: str = "auto",
-                   device: str | None = None, poll_seconds: float = 5.0, explore: float = 0.0,
+                   device: str | None = None, poll_seconds: float = 2.0, explore: float = 0.0,
                    ) -> tuple[Callable[[], dict[str, Any]], Callable[[Any], str]]:
     """(loader, router) for `create_app(loader, router=router)`: the loader (run in the background
     at start-up) loads the cascade and the routing directory; the router routes with them."""
