@@ -81,8 +81,8 @@ def _add_method_args(parser: argparse.ArgumentParser, prefix_caching: bool) -> N
     parser.add_argument("--small-engine", choices=ENGINES, help="the cascade's small model on another engine")
     parser.add_argument(
         "--router", metavar="DIR|URL",
-        help="route each request to the small path or the cascade (method hyfunc): a versions directory of "
-        "`hyfunc odia cycle --out` (its champion) or one version",
+        help="route each request to the small path or the cascade (method hyfunc): a versions directory or "
+        "PostgreSQL URL of `hyfunc odia cycle --out` (its champion) or one version",
     )
     parser.add_argument(
         "--prefix-caching", action=argparse.BooleanOptionalAction, default=prefix_caching,
@@ -358,8 +358,8 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
                        "5 minutes (default: keep everything)")
     serve.add_argument(
         "--router", metavar="DIR|URL",
-        help="route each request to the small path or the cascade (method hyfunc): a versions directory of "
-        "`hyfunc odia cycle --out` (its champion, promotions picked up live) or one version",
+        help="route each request to the small path or the cascade (method hyfunc): a versions directory or "
+        "PostgreSQL URL of `hyfunc odia cycle --out` (its champion, promotions picked up live) or one version",
     )
     serve.add_argument(
         "--explore", type=float, default=0.05,

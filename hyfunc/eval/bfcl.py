@@ -3,7 +3,9 @@
 Nothing here re-implements BFCL's scoring: AST categories go through
 `bfcl_eval.eval_checker.ast_eval.ast_checker.ast_checker`, the relevance rule through
 `bfcl_eval.utils.is_empty_output`, exactly as `bfcl_eval/eval_checker/eval_runner.py` does, and the
-function docs given to the checker are the original ones from the data file.
+function docs given to the checker are the original ones from the data file. The multi-turn
+categories run conversations over BFCL's simulated APIs and go through its multi-turn checker
+(`hyfunc.eval.bfcl_multi_turn`).
 
 The package is imported through `hyfunc.formats.bfcl` (lean install, project root).
 """

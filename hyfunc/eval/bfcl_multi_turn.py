@@ -146,8 +146,8 @@ def run_conversation(method, case: MultiTurnCase, apis: SimulatedApis) -> dict:
             totals["latency"] += time.perf_counter() - start + answer.reused_seconds
             for key in ("input_tokens", "output_tokens", "cached_tokens", "injected_tokens"):
                 totals[key] += int(getattr(answer, key) or 0)
-            for stage, seconds in answer.timings.items():
-                totals["timings"][stage] = totals["timings"].get(stage, 0.0) + seconds
+            for stage, spent in answer.timings.items():
+                totals["timings"][stage] = totals["timings"].get(stage, 0.0) + spent
             totals["steps"] += 1
             totals["model_errors"] += answer.error is not None
             step: dict[str, Any] = {"calls": [], "text": answer.raw_text, "error": answer.error,

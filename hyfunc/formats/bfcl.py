@@ -19,9 +19,9 @@ import os
 from typing import Any, Iterable, Sequence
 
 from hyfunc.config import hyfunc_home
+from hyfunc.errors import SetupError
 from hyfunc.formats.calls import from_openai_tool_calls, render_python_calls
 from hyfunc.formats.messages import content_text
-from hyfunc.errors import SetupError
 
 BFCL_EVAL_VERSION_TESTED = "2026.3.23"
 
@@ -156,8 +156,6 @@ def bfcl_prompt_messages(
     msgs = [_calls_as_python_text(m) for m in messages]
     # The test id only selects the prompt format; a plain id gives BFCL's default format.
     return mu.system_prompt_pre_processing_chat_model(msgs, docs, f"{category}_0")
-
-
 
 
 def _calls_as_python_text(message: dict) -> dict:

@@ -215,7 +215,7 @@ class RoutedMethod:
 
     # -- the champion, picked up while serving --------------------------------------------
     def _poll(self) -> None:
-        """Cheap (a stat and a small JSON read every poll interval); loading runs in a thread."""
+        """Cheap (one small read of the champion every poll interval); loading runs in a thread."""
         if self._watch is None or time.monotonic() < self._next_poll:
             return
         versions, every, known = self._watch
