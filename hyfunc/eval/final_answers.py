@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from hyfunc.cascade.agent_steps import ANSWER, AgentStep, agent_steps
 from hyfunc.cascade.data import load_examples, split_examples
-from hyfunc.eval.plots import pyplot
+from hyfunc.eval.plots import bars_per_source
 from hyfunc.eval.provenance import provenance, provenance_markdown
 from hyfunc.models.base import PrefixCache
 from hyfunc.serving.replies import ANSWER_FROM_RESULTS, write_text
@@ -114,15 +114,7 @@ def write_report(directory: Path, records: Sequence[dict], meta: dict, argv: Seq
         provenance_markdown(full["provenance"]),
     ]
     (directory / "README.md").write_text("\n".join(lines) + "\n")
-    plt = pyplot()
-    sources = [s for s in figures if s != "all"]
-    fig, ax = plt.subplots(figsize=(7, 3.2))
-    ax.bar(sources, [figures[s]["all_facts_told"] for s in sources], color="#47a")
-    ax.set_ylim(0, 1)
-    ax.set_ylabel("replies with every key fact")
-    ax.set_title("final answer after tool results, held-out conversations")
-    ax.tick_params(axis="x", rotation=30, labelsize=8)
-    fig.tight_layout()
-    fig.savefig(directory / "final_answers.png", dpi=120)
-    plt.close(fig)
+    bars_per_source(directory / "final_answers.png", {s: f["all_facts_told"] for s, f in figures.items() if s != "all"},
+                    "replies with every key fact", "final answer after tool results, held-out conversations",
+                    color="#47a")
     return figures

@@ -6,7 +6,7 @@ import shlex
 from pathlib import Path
 from typing import Sequence
 
-from hyfunc.eval.plots import pyplot
+from hyfunc.eval.plots import bars_per_source
 from hyfunc.eval.provenance import provenance, provenance_markdown
 
 
@@ -35,19 +35,9 @@ def write_report(directory: Path, record: dict, argv: Sequence[str]) -> None:
         provenance_markdown(full["provenance"]),
     ]
     (directory / "README.md").write_text("\n".join(lines) + "\n")
-    plt = pyplot()
     sources = [s for s in record["held_out"] if s != "all"]
-    fig, ax = plt.subplots(figsize=(7, 3.2))
-    ax.bar(sources, [record["held_out"][s]["accuracy"] for s in sources], color="#4a7")
-    ax.axhline(0.95, color="#a44", linestyle="--", linewidth=1, label="target 95 %")
-    ax.set_ylim(0, 1)
-    ax.set_ylabel("held-out accuracy")
-    ax.set_title("answer-vs-call after a tool result, leave-one-source-out")
-    ax.tick_params(axis="x", rotation=30, labelsize=8)
-    ax.legend(loc="lower right")
-    fig.tight_layout()
-    fig.savefig(directory / "next_step.png", dpi=120)
-    plt.close(fig)
+    bars_per_source(directory / "next_step.png", {s: record["held_out"][s]["accuracy"] for s in sources},
+                    "held-out accuracy", "answer-vs-call after a tool result, leave-one-source-out", target=0.95)
 
 
 def _pct(value: float | None) -> str:

@@ -1,7 +1,8 @@
 """The benchmarks' plotting library, an optional dependency (the `eval` extra)."""
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+from typing import Any, Mapping
 
 from hyfunc.errors import require_extra
 
@@ -13,3 +14,21 @@ def pyplot() -> Any:
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def bars_per_source(path: Path, values: Mapping[str, float], ylabel: str, title: str,
+                    target: float | None = None, color: str = "#4a7") -> None:
+    """One bar per data source, on a 0-1 scale, with an optional dashed target line."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    ax.bar(list(values), list(values.values()), color=color)
+    if target is not None:
+        ax.axhline(target, color="#a44", linestyle="--", linewidth=1, label=f"target {target:.0%}")
+        ax.legend(loc="lower right")
+    ax.set_ylim(0, 1)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.tick_params(axis="x", rotation=30, labelsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
