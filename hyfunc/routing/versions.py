@@ -16,6 +16,7 @@ decides whether a candidate replaces the champion.
 from __future__ import annotations
 
 import fcntl
+from abc import ABC, abstractmethod
 import json
 import time
 import uuid
@@ -92,37 +93,39 @@ def version_manifest(vid: str, metrics: Metrics, parents: list[str], window: dic
             "metrics": asdict(metrics), "note": note}
 
 
-class VersionStore:
+class VersionStore(ABC):
     """Where versions and their aliases live; see the module docstring."""
 
     scratch: Path  # a local directory for work in progress (a cycle's training)
 
+    @abstractmethod
     def create(self, build: Callable[[Path], None], *, metrics: Metrics, parents: list[str],
                window: dict | None = None, note: str = "") -> str:
         """Build a version with `build(directory)` and freeze it; returns its id."""
-        raise NotImplementedError
 
+    @abstractmethod
     def path(self, vid: str) -> Path:
         """A local directory holding the version's files."""
-        raise NotImplementedError
 
+    @abstractmethod
     def manifest(self, vid: str) -> dict:
-        raise NotImplementedError
+        """The version's manifest (id, created, parents, window, metrics, note)."""
 
+    @abstractmethod
     def list(self) -> list[dict]:
         """Every version's manifest, oldest first."""
-        raise NotImplementedError
 
+    @abstractmethod
     def aliases(self) -> dict:
         """{"champion": id or None, "history": earlier champions, oldest first}."""
-        raise NotImplementedError
 
+    @abstractmethod
     def promote(self, vid: str) -> None:
-        raise NotImplementedError
+        """Make `vid` the champion; the current one goes on the history stack."""
 
+    @abstractmethod
     def rollback(self) -> str:
         """Make the previous champion the champion again; returns it."""
-        raise NotImplementedError
 
     def metrics(self, vid: str) -> Metrics:
         return Metrics(**self.manifest(vid)["metrics"])
