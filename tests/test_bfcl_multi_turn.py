@@ -14,7 +14,7 @@ from hyfunc.eval.bfcl_multi_turn import (  # noqa: E402
     evaluate_multi_turn_case,
     load_multi_turn_cases,
 )
-from hyfunc.formats.bfcl import MULTI_TURN_CATEGORIES, BfclError, bfcl_prompt_messages, import_bfcl  # noqa: E402
+from hyfunc.formats.bfcl import MULTI_TURN_CATEGORIES, BfclError, import_bfcl  # noqa: E402
 from hyfunc.formats.calls import Call  # noqa: E402
 from hyfunc.formats.schema import parse_tools  # noqa: E402
 from hyfunc.methods.base import Answer  # noqa: E402
@@ -157,17 +157,3 @@ def test_only_offered_calls_are_executed():
     with pytest.raises(BfclError, match="offered"):
         call_strings([Call("ls", {"a=1,b": 2})], tools)
 
-
-def test_bfcl_prompt_shows_earlier_calls_as_python():
-    docs = [{"name": "cd", "description": "change dir", "parameters": {"type": "dict", "properties": {
-        "folder": {"type": "string", "description": "where"}}, "required": ["folder"]}}]
-    messages = [
-        {"role": "user", "content": "go to docs"},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "cd", "arguments": '{"folder": "docs"}'}}]},
-        {"role": "tool", "tool_call_id": "c1", "content": "{\"current_working_directory\": \"docs\"}"},
-    ]
-    shown = bfcl_prompt_messages(messages, docs)
-    assert shown[0]["role"] == "system" and "cd" in shown[0]["content"]
-    assert shown[2] == {"role": "assistant", "content": "[cd(folder='docs')]"}
-    assert shown[3]["role"] == "tool" and messages[1]["tool_calls"]  # the caller's messages are unchanged

@@ -20,8 +20,6 @@ from typing import Any, Iterable, Sequence
 
 from hyfunc.config import hyfunc_home
 from hyfunc.errors import SetupError
-from hyfunc.formats.calls import from_openai_tool_calls, render_python_calls
-from hyfunc.formats.messages import content_text
 
 BFCL_EVAL_VERSION_TESTED = "2026.3.23"
 
@@ -153,22 +151,8 @@ def bfcl_prompt_messages(
     docs = _as_docs(functions)
     if language_hint:
         docs = bfcl_utils()._func_doc_language_specific_pre_processing(docs, category)
-    msgs = [_calls_as_python_text(m) for m in messages]
+    msgs = [dict(m) for m in messages]
     # The test id only selects the prompt format; a plain id gives BFCL's default format.
     return mu.system_prompt_pre_processing_chat_model(msgs, docs, f"{category}_0")
 
 
-def _calls_as_python_text(message: dict) -> dict:
-    """An assistant message's earlier calls as the model was asked to write them, ``[f(a=1)]``
-    (BFCL's prompting handlers keep the model's own text); the results stay `tool` messages.
-    Calls with no Python form (a name that is not an identifier) stay tool calls."""
-    message = dict(message)
-    if message.get("role") != "assistant" or not message.get("tool_calls"):
-        return message
-    try:
-        text = render_python_calls(from_openai_tool_calls(message["tool_calls"]))
-    except ValueError:
-        return message
-    message["content"] = "\n".join(t for t in (content_text(message.get("content")), text) if t)
-    del message["tool_calls"]
-    return message
