@@ -9,6 +9,7 @@ import torch
 from hyfunc.cascade.prepare import PrepareConfig, prepare
 from hyfunc.cli import main
 from hyfunc.cli.checks import format_answer
+from hyfunc.data import OOD_DATA
 from hyfunc.formats.calls import Call, parse_python_calls
 from hyfunc.formats.tools_file import read_tools_file
 from hyfunc.formats.validate import argument_errors
@@ -109,6 +110,26 @@ def test_eval_bfcl_direct_records_provenance(silent_model, tmp_path, capsys):
     assert prov["models"][silent_model]["dtype"] in ("float32", "bfloat16")
     assert prov["cpu"]["cores"] >= 1 and prov["torch_threads"] >= 1
     assert "Provenance: commit " in (out / "results.md").read_text()
+
+
+def test_eval_ood_scores_both_methods_per_kind_and_names_what_the_cascade_trained_on(cascade_dir, silent_model, tmp_path, capsys):
+    out = tmp_path / "ood"
+    toy = json.loads((cascade_dir / "manifest.json").read_text())["data"]["paths"][0]  # the cascade's own data
+    argv = ["eval", "ood", "--artifact", str(cascade_dir), "--with-direct", silent_model, "--data", toy, str(OOD_DATA),
+            "--sources", "toy", "agentdojo", "--per-source", "3", "--out", str(out)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    summary = json.loads((out / "kinds.json").read_text())
+    main_label, direct_label = summary["methods"]
+    assert summary["baseline"] == direct_label and direct_label.startswith("direct:")
+    overall = summary["kinds"]["overall"]
+    assert overall[main_label]["n"] == overall[direct_label]["n"] == 6
+    # the silent model never calls: right exactly on the no-call cases
+    assert overall[direct_label]["correct"] == summary["kinds"]["irrelevance"][direct_label]["n"]
+    assert summary["set"]["trained_on"][main_label] == ["toy"] and summary["set"]["trained_on"][direct_label] == []
+    assert f"note: {main_label} was trained on toy" in printed
+    assert (out / "kinds.png").stat().st_size > 0 and (out / "comparison.md").is_file()
+    assert sorted(p.name for p in (out / "data").glob("OOD_*.json"))
 
 
 def test_call_cascade_reads_a_large_library_per_function(cascade_dir, home, capsys, monkeypatch):

@@ -14,18 +14,66 @@ from hyfunc.progress import steps
 
 
 def cmd_eval_bfcl(args: argparse.Namespace) -> int:
-    from hyfunc.eval.bfcl import run_side_by_side
-
     categories = check_bfcl_inputs(args.categories or CATEGORIES, args.data_dir)  # before any model loads
     check_method_options(args)
+    summaries = _score_side_by_side(args, categories, args.data_dir, args.limit, args.out)[1]
+    return 0 if all(summaries.values()) else 1
+
+
+def cmd_eval_ood(args: argparse.Namespace) -> int:
+    import json
+
+    from hyfunc.eval.ood import build_cases, kind_markdown, kind_plot, kind_summary, write_bfcl_layout
+    from hyfunc.eval.records import read_case_records
+
+    out = Path(args.out)
+    cases = build_cases(args.data, args.sources, args.per_source, args.seed)
+    counts = write_bfcl_layout(cases, out / "data")
+    categories = check_bfcl_inputs([c for c in CATEGORIES if c in counts], str(out / "data"))
+    check_method_options(args)
+    dirs, _, methods = _score_side_by_side(args, categories, str(out / "data"), None, str(out))
+    kinds = json.loads((out / "data" / "kinds.json").read_text(encoding="utf-8"))
+    main = next(iter(methods))
+    baseline = next((label for label in methods if label.startswith("direct:")), None)
+    summary = kind_summary({label: read_case_records(d) for label, d in dirs.items()}, kinds, main, baseline)
+    summary["set"] = {"sources": args.sources, "per_source": args.per_source, "seed": args.seed, "categories": counts,
+                      "trained_on": {label: _trained_on(m, args.sources) for label, m in methods.items()}}
+    (out / "kinds.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    (out / "kinds.md").write_text(kind_markdown(summary) + "\n", encoding="utf-8")
+    kind_plot(summary, out / "kinds.png")
+    print(kind_markdown(summary))
+    for label, sources in summary["set"]["trained_on"].items():
+        if sources:
+            print(f"note: {label} was trained on {', '.join(sources)}: not out of distribution for it")
+    return 0
+
+
+def _trained_on(method, held_out: list[str]) -> list[str]:
+    """The held-out sources a cascade's training data held (from its manifest's data paths)."""
+    import json
+
+    artifact = getattr(method, "artifact", None)
+    if artifact is None or not (Path(artifact) / "manifest.json").is_file():
+        return []
+    paths = json.loads((Path(artifact) / "manifest.json").read_text())["data"]["paths"]
+    stems = {f.stem for p in map(Path, paths) for f in (sorted(p.glob("*.jsonl")) if p.is_dir() else [p])}
+    return [s for s in held_out if s in stems]
+
+
+def _score_side_by_side(args: argparse.Namespace, categories: list[str], data_dir: str | None, limit: int | None,
+                        out: str | None) -> tuple[dict, dict, dict]:
+    """Run the main method and those beside it on the cases, print the comparison; returns
+    (label -> report directory, label -> summary, label -> method)."""
+    from hyfunc.eval.bfcl import run_side_by_side
+
     methods = _side_by_side_methods(args)
     main_label = next(iter(methods))
-    out_dir = Path(args.out or f"reports/{_dir_name(main_label)}")
+    out_dir = Path(out or f"reports/{_dir_name(main_label)}")
     if len(methods) == 1:
         dirs = {main_label: out_dir}
     else:
         dirs = {label: out_dir / _dir_name(label) for label in methods}
-    summaries = run_side_by_side(methods, categories, args.limit, dirs, args.data_dir, resume=not args.no_resume)
+    summaries = run_side_by_side(methods, categories, limit, dirs, data_dir, resume=not args.no_resume)
     if len(methods) == 1:
         print((out_dir / "results.md").read_text())
     else:
@@ -34,7 +82,7 @@ def cmd_eval_bfcl(args: argparse.Namespace) -> int:
         baseline = next((label for label in methods if label.startswith("direct:")), None)
         paths = compare_runs([dirs[label] for label in methods], out_dir, names=list(methods), baseline=baseline)
         print(paths["md"].read_text())
-    return 0 if all(summaries.values()) else 1
+    return dirs, summaries, methods
 
 
 def _dir_name(label: str) -> str:

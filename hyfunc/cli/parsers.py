@@ -11,7 +11,8 @@ import os
 
 import hyfunc
 from hyfunc.cli.checks import CALL_FORMATS
-from hyfunc.data import FC_TRAIN, TOOL_LIBRARY
+from hyfunc.data import FC_TRAIN, OOD_DATA, TOOL_LIBRARY
+from hyfunc.eval.ood import HELD_OUT_SOURCES
 from hyfunc.formats.bfcl import ALIASES, CATEGORIES, EXTRA_CATEGORIES
 from hyfunc.methods import ABLATABLE, METHODS, PROMPT_STYLES
 from hyfunc.models.engines import DEFAULT_ENGINE, ENGINES
@@ -113,10 +114,7 @@ def _add_eval_parser(sub: argparse._SubParsersAction) -> None:
     eval_sub = evaluate.add_subparsers(dest="benchmark", required=True)
     bfcl = eval_sub.add_parser("bfcl", help="score on BFCL with the official checker")
     _add_method_args(bfcl, prefix_caching=False)
-    # Stage switches are experiments: only the benchmarks take them, not demo, call or serve.
-    bfcl.add_argument(
-        "--ablate", nargs="+", default=[], choices=ABLATABLE, help="switch these cascade stages off (method hyfunc)",
-    )
+    _add_stage_switches(bfcl)
     bfcl.add_argument(
         "--categories", nargs="+",
         help=f"default: {' '.join(CATEGORIES)}; also {' '.join(EXTRA_CATEGORIES + list(ALIASES))}",
@@ -124,23 +122,24 @@ def _add_eval_parser(sub: argparse._SubParsersAction) -> None:
     bfcl.add_argument("--limit", type=int, default=None, help="first N cases per category")
     bfcl.add_argument("--out", help="report directory (default: reports/<method>)")
     bfcl.add_argument("--data-dir", help="a data set laid out like BFCL's (question files + possible_answer/)")
-    bfcl.add_argument("--no-resume", action="store_true", help="start over instead of skipping cases already scored")
-    bfcl.add_argument(
-        "--with-direct", nargs="+", default=[], metavar="MODEL",
-        help="also answer every case by direct prompting with these models (MODEL or MODEL@ENGINE), "
-        "interleaved with the main method (side by side); the first is the baseline of the latency ratios",
-    )
-    bfcl.add_argument(
-        "--with-cascade", nargs="+", default=[], metavar="ARTIFACT",
-        help="also answer every case with these prepared cascades, side by side: ARTIFACT, ARTIFACT@ENGINE or "
-        "ARTIFACT@LARGE_ENGINE,SMALL_ENGINE ('shipped' = the shipped one)",
-    )
-    bfcl.add_argument(
-        "--ablations", nargs="+", default=[], type=ablation_spec, metavar="STAGE[+STAGE]",
-        help=f"also run the cascade with each of these stages switched off, one variant each; STAGE+STAGE: "
-        f"a variant with both off (stages: {', '.join(ABLATABLE)})",
-    )
+    _add_side_by_side_args(bfcl)
     bfcl.set_defaults(handler=f"{BENCHMARKS}:cmd_eval_bfcl", needs=PLOTS)
+    ood = eval_sub.add_parser(
+        "ood", help="score on the out-of-distribution set: whole fc-train sources held out of training, "
+        "BFCL's checker, a report per kind of value")
+    _add_method_args(ood, prefix_caching=False)
+    _add_stage_switches(ood)
+    ood.add_argument("--data", nargs="+", default=[str(FC_TRAIN), str(OOD_DATA)],
+                     help="files or directories holding the held-out sources (default: fc-train and hyfunc/data/ood)")
+    ood.add_argument("--sources", nargs="+", default=list(HELD_OUT_SOURCES),
+                     help=f"the held-out sources (default: {' '.join(HELD_OUT_SOURCES)}); train a cascade on the "
+                     "others with `hyfunc prepare --data`")
+    ood.add_argument("--per-source", type=int, default=60,
+                     help="examples per source, balanced by call pattern, plus no-call cases made from them (default 60)")
+    ood.add_argument("--seed", type=int, default=0)
+    ood.add_argument("--out", default="reports/ood", help="report directory; the data set is written to its data/")
+    _add_side_by_side_args(ood)
+    ood.set_defaults(handler=f"{BENCHMARKS}:cmd_eval_ood", needs=PLOTS)
     answers = eval_sub.add_parser(
         "answers", help="final answers after tool results: are the results' key facts in the text reply?")
     _add_data_arg(answers, "fc-train files or directories (the validation split is used)")
@@ -156,6 +155,33 @@ def _add_eval_parser(sub: argparse._SubParsersAction) -> None:
     compare.add_argument("runs", nargs="+", help="report directories of `hyfunc eval bfcl`")
     compare.add_argument("--out", required=True, help="where comparison.{json,md,png} go")
     compare.set_defaults(handler=f"{BENCHMARKS}:cmd_eval_compare", needs=PLOTS)
+
+
+def _add_stage_switches(parser: argparse.ArgumentParser) -> None:
+    # Stage switches are experiments: only the benchmarks take them, not demo, call or serve.
+    parser.add_argument(
+        "--ablate", nargs="+", default=[], choices=ABLATABLE, help="switch these cascade stages off (method hyfunc)",
+    )
+
+
+def _add_side_by_side_args(parser: argparse.ArgumentParser) -> None:
+    """What `eval bfcl` and `eval ood` share: resuming, and the methods run beside the main one."""
+    parser.add_argument("--no-resume", action="store_true", help="start over instead of skipping cases already scored")
+    parser.add_argument(
+        "--with-direct", nargs="+", default=[], metavar="MODEL",
+        help="also answer every case by direct prompting with these models (MODEL or MODEL@ENGINE), "
+        "interleaved with the main method (side by side); the first is the baseline of the latency ratios",
+    )
+    parser.add_argument(
+        "--with-cascade", nargs="+", default=[], metavar="ARTIFACT",
+        help="also answer every case with these prepared cascades, side by side: ARTIFACT, ARTIFACT@ENGINE or "
+        "ARTIFACT@LARGE_ENGINE,SMALL_ENGINE ('shipped' = the shipped one)",
+    )
+    parser.add_argument(
+        "--ablations", nargs="+", default=[], type=ablation_spec, metavar="STAGE[+STAGE]",
+        help=f"also run the cascade with each of these stages switched off, one variant each; STAGE+STAGE: "
+        f"a variant with both off (stages: {', '.join(ABLATABLE)})",
+    )
 
 
 def _add_bench_parser(sub: argparse._SubParsersAction) -> None:

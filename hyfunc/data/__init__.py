@@ -12,5 +12,7 @@ from pathlib import Path
 DATA_DIR = Path(__file__).resolve().parent
 FC_TRAIN = DATA_DIR / "fc-train"
 TOOL_LIBRARY = DATA_DIR / "tool-library" / "sealtools.jsonl"
+#: Out-of-distribution data in no training set (`hyfunc eval ood`; see ood/README.md).
+OOD_DATA = DATA_DIR / "ood"
 #: The hand-written tasks of `hyfunc bench agent` (see agent-tasks/README.md).
 AGENT_TASKS = DATA_DIR / "agent-tasks" / "tasks.json"
