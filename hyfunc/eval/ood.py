@@ -28,6 +28,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from hyfunc.cascade.data import augment_refusals, load_examples, sample_by_pattern
 from hyfunc.errors import InputError
+from hyfunc.formats.schema import parse_tool
 
 #: Sources held out by default: two fc-train sources unlike the rest in origin (Seal-Tools: LLM-written
 #: tools of a 4,076-tool library; ToolAlpaca: real-world API docs), and AgentDojo's suites, in no
@@ -38,7 +39,6 @@ HELD_OUT_SOURCES = ("sealtools", "hammer_toolalpaca", "agentdojo")
 #: whose name shares a content word with a called tool's name.
 KINDS = ("bool", "enum", "list", "number", "nested_object", "free_string", "parallel", "similar_apis", "irrelevance")
 
-_BFCL_TYPES = {"object": "dict", "number": "float"}
 # Verbs and fillers that most tool names share; two names that share only these are not similar.
 _GENERIC_NAME_WORDS = frozenset(
     "get set list search find create update delete add remove fetch retrieve check query make "
@@ -58,23 +58,8 @@ class OodCase:
 
 
 def bfcl_doc(tool: Mapping[str, Any]) -> dict:
-    """A JSON Schema tool as a BFCL function doc (type names BFCL's checker looks up)."""
-    doc = {"name": tool["name"], "description": tool.get("description", ""),
-           "parameters": _bfcl_schema(tool.get("parameters") or {"type": "object", "properties": {}})}
-    doc["parameters"].setdefault("properties", {})
-    doc["parameters"].setdefault("required", [])
-    return doc
-
-
-def _bfcl_schema(schema: Mapping[str, Any]) -> dict:
-    out = dict(schema)
-    if "type" in out:
-        out["type"] = _BFCL_TYPES.get(out["type"], out["type"])
-    if "properties" in out:
-        out["properties"] = {k: _bfcl_schema(v) for k, v in out["properties"].items()}
-    if "items" in out and isinstance(out["items"], Mapping):
-        out["items"] = _bfcl_schema(out["items"])
-    return out
+    """A JSON Schema tool as a BFCL function doc: BFCL's type names, which its checker looks up."""
+    return parse_tool(tool).to_bfcl()
 
 
 def _accepted(value: Any) -> Any:
