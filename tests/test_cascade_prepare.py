@@ -48,12 +48,13 @@ def test_prepare_writes_every_artifact_resumes_and_serves(data_file, tmp_path):
     config = PrepareConfig(
         large_model="tiny-large", small_model="tiny-small", data=[str(data_file)], val_fraction=0.3,
         shard_size=4, retriever={"proj_dim": 16, "epochs": 3, "lr": 1e-2, "refusal_head": True}, sft_epochs=1, lora_rank=4, sft_grad_accum=2,
-        repeat_fraction=0.2,
+        repeat_fraction=0.2, schema_fraction=0.5,
     )
     out = tmp_path / "artifact"
     manifest = prepare(config, out, large=large, small=small)
     embedded = {i for held, _ in read_shards(out / "embeddings") for i in held}
     assert any("~and~" in i for i in embedded)  # repeated-call examples joined from the data
+    assert any("~schema-" in i for i in embedded)  # schema variants of training requests
     assert not any(i.startswith("chatterbot-") for i in embedded)  # small talk trains the gate, not the refusal head
 
     for path in ("manifest.json", "retriever/manifest.json", "projector.safetensors", "adapter", "sft/state.json",

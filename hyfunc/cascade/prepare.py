@@ -60,6 +60,7 @@ from hyfunc.cascade.retriever import (
     threshold_grid,
     train_retriever,
 )
+from hyfunc.cascade.schema_variants import schema_variants
 from hyfunc.cascade.shards import fill_shards, read_shards
 from hyfunc.cascade.small_model import (
     SmallPrompt,
@@ -90,6 +91,7 @@ class PrepareConfig:
     # Agent conversations of each kind per source for the next-step head (next_step.py); 0: none.
     next_step_per_source: int = 30
     repeat_fraction: float = 0.0  # extra repeated-call examples (data.repeated_examples), from the whole split
+    schema_fraction: float = 0.0  # extra training requests under other spellings of their schemas (schema_variants.py)
     shard_size: int = 64
     retriever: dict = field(default_factory=lambda: {"proj_dim": 256, "mlp_hidden": 0, "epochs": 30, "lr": 1e-3, "refusal_head": True})
     sft_epochs: int = 1
@@ -405,6 +407,8 @@ def prepare(config: PrepareConfig, out: Path, large: Backend | None = None, smal
     examples = sample_by_pattern(everything, config.max_examples, config.seed) if config.max_examples else everything
     train, val = split_examples(examples, config.val_fraction)
     _check_split(train, val, config.val_fraction)
+    # Schema variants of training requests only: validation stays as the sources wrote it.
+    train = train + schema_variants(train, config.schema_fraction, config.seed) if config.schema_fraction else train
     train = augment_refusals(train, config.refusal_fraction, config.seed)
     val = augment_refusals(val, config.refusal_fraction, config.seed + 1)
     # The whole data's split (the same hash split, a superset of a sample's): the library

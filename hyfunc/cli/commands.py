@@ -133,6 +133,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         large_model=args.large, small_model=args.small, data=args.data, sft_epochs=args.epochs,
         lora_rank=args.lora_rank, max_examples=args.max_examples, sft_max_items=args.sft_max_items, seed=args.seed,
         library=args.library, repeat_fraction=args.repeat_fraction,
+        schema_fraction=args.schema_variants,
         off_topic_gate=not args.no_off_topic_gate, next_step_per_source=args.per_source,
     )
     manifest = prepare(config, Path(args.out))

@@ -308,6 +308,11 @@ def _add_prepare_parser(sub: argparse._SubParsersAction) -> None:
     prep.add_argument("--max-examples", type=int, default=None, help="a seeded sample of N examples, balanced by call pattern")
     prep.add_argument("--sft-max-items", type=int, default=None, help="fine-tune the small model on N items, balanced by call pattern")
     prep.add_argument(
+        "--schema-variants", type=float, default=0.0, metavar="FRACTION",
+        help="add this fraction of training requests again under other spellings of their tools' schemas (renamed, "
+        "reordered, described, nested, batched parameters; hyfunc/cascade/schema_variants.py)",
+    )
+    prep.add_argument(
         "--repeat-fraction", type=float, default=0.0,
         help="add this fraction of repeated-call examples, joined from single-call requests of the data (BFCL's parallel case)",
     )
