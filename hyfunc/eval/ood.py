@@ -274,11 +274,12 @@ def kind_markdown(summary: Mapping[str, Any]) -> str:
         main, base = summary["main"], summary["baseline"]
         lines += ["", f"Cases {main} got wrong and {base} right: {len(summary['lost_ids'])}; the reverse: "
                   f"{len(summary['gained_ids'])}. Kinds where {main} is at least level: "
-                  f"{', '.join(summary['kinds_at_least_baseline']) or 'none'}.", "",
-                  f"| kind | {main}'s misses where {base} was right (checker's error type: count) |", "|---|---|"]
-        for kind, families in summary["lost_to_baseline"].items():
-            if families:
-                lines.append(f"| {kind} | " + "; ".join(f"{f}: {n}" for f, n in families.items()) + " |")
+                  f"{', '.join(summary['kinds_at_least_baseline']) or 'none'}."]
+        lost = {kind: families for kind, families in summary["lost_to_baseline"].items() if families}
+        if lost:
+            lines += ["", f"| kind | {main}'s misses where {base} was right (checker's error type: count) |", "|---|---|"]
+            lines += [f"| {kind} | " + "; ".join(f"{f}: {n}" for f, n in families.items()) + " |"
+                      for kind, families in lost.items()]
     return "\n".join(lines)
 
 
