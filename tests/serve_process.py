@@ -27,6 +27,14 @@ def running_server(settings: dict[str, Any] | None = None, command: list[str] | 
                    startup: float = 120.0) -> Iterator[str]:
     """Yields the base URL (``http://127.0.0.1:PORT``) once /health says ready. `command`: a whole
     server command line instead of the test factory (its ``{port}`` is filled in)."""
+    with server_process(settings, command, startup) as (url, _):
+        yield url
+
+
+@contextlib.contextmanager
+def server_process(settings: dict[str, Any] | None = None, command: list[str] | None = None,
+                   startup: float = 120.0) -> Iterator[tuple[str, subprocess.Popen]]:
+    """`running_server`, also yielding the process (to kill it)."""
     port = free_port()
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
            "HYFUNC_TEST_SERVE": json.dumps(settings or {})}
@@ -48,7 +56,7 @@ def running_server(settings: dict[str, Any] | None = None, command: list[str] | 
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the server was not ready after {startup:.0f} s")
             time.sleep(0.2)
-        yield url
+        yield url, proc
     finally:
         proc.terminate()  # SIGTERM: uvicorn's graceful shutdown
         try:

@@ -1,11 +1,13 @@
 """Router versions shared by replicas: the PostgreSQL registry (real server), promotion and rollback
 raced by two processes (PostgreSQL and a directory), and two `hyfunc serve` replicas (real uvicorn
-processes) picking up a promotion and a rollback made elsewhere."""
+processes) picking up a promotion and a rollback made elsewhere; a replica killed while both log to one
+PostgreSQL traffic store."""
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -14,12 +16,13 @@ import pytest
 
 from hyfunc.cli import main
 from hyfunc.routing.registry import PostgresVersions, is_registry_url, open_versions
+from hyfunc.routing.stores import open_store
 from hyfunc.routing.versions import Metrics, Versions, VersionError
 from tests.odia_fixtures import LONG, SHORT, save_tiny_model, tiny_version
 from tests.pg_server import Cluster, wait_until
 from tests.serve_app import SMALL_HIDDEN
-from tests.serve_process import ROOT, running_server
-from tests.test_serve_sdk import TOOLS
+from tests.serve_process import ROOT, running_server, server_process
+from tests.test_serve_sdk import ASK, TOOLS
 
 METRICS = Metrics(agreement=1.0, share=0.5, mean_latency=0.1)
 
@@ -162,6 +165,45 @@ def test_two_replicas_pick_up_a_promotion_and_a_rollback_made_elsewhere(
         assert main(["odia", "rollback", "--dir", url]) == 0
         assert wait_until(lambda: paths(SHORT) == ["small", "small"], 5, interval=0.2)
     versions.close()
+
+
+def test_killing_one_replica_loses_no_request_the_other_replica_answered(postgres_cluster: Cluster) -> None:
+    """Both replicas log to one PostgreSQL traffic store; one is killed (SIGKILL: no shutdown, its
+    connection dropped mid-session) while both serve. The other goes on serving, and every request it
+    answered is in the store once it stops."""
+    url = postgres_cluster.create_database("replica_kill")
+    settings = {"traffic": url}
+    answered: dict[str, list[str]] = {"killed": [], "survivor": []}
+    failures: list[str] = []
+    stop = threading.Event()
+    with server_process(settings, command=_command()) as (killed, victim), running_server(settings, command=_command()) as survivor:
+        def drive(name: str, base: str) -> None:
+            client = openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0, timeout=60)
+            while not stop.is_set():
+                try:
+                    raw = client.chat.completions.with_raw_response.create(model="hyfunc", messages=ASK, tools=TOOLS)
+                    answered[name].append(raw.headers["x-request-id"])
+                except openai.APIError as err:
+                    if name == "survivor":
+                        failures.append(repr(err))
+                    return
+
+        threads = [threading.Thread(target=drive, args=item) for item in (("killed", killed), ("survivor", survivor))]
+        for thread in threads:
+            thread.start()
+        assert wait_until(lambda: len(answered["killed"]) >= 3 and len(answered["survivor"]) >= 3, 60)
+        victim.kill()
+        victim.wait()
+        before = len(answered["survivor"])
+        assert wait_until(lambda: len(answered["survivor"]) >= before + 5, 60)
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=60)
+    assert failures == []
+    with open_store(url) as store:
+        logged = {stored.request.request_id for stored in store.iter_requests()}
+    assert set(answered["survivor"]) <= logged
+    assert len(answered["survivor"]) >= before + 5
 
 
 def _command() -> list[str]:
