@@ -125,6 +125,7 @@ def test_kind_summary_tallies_and_finds_the_losses():
     assert summary["kinds"]["overall"]["direct"]["correct"] == 2
     assert summary["sources"]["s2"]["cascade"]["misses"] == {"called a tool": 1}
     assert summary["lost_ids"] == ["a", "c"] and summary["gained_ids"] == ["b"]
+    assert summary["against_main"] == {"direct": {"only_main_right": 1, "only_this_right": 2}}
     assert summary["lost_to_baseline"]["bool"] == {"value_error:others": 1}
     assert summary["kinds_at_least_baseline"] == ["bool", "parallel"]
     assert set(summary["kinds"]) == {*KINDS, "overall"}

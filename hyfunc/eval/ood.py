@@ -242,6 +242,14 @@ def kind_summary(records: Mapping[str, Sequence[Mapping[str, Any]]], kinds: Mapp
         "sources": {s: {label: _tally([r for r in recs if kinds[r["id"]]["source"] == s]) for label, recs in scored.items()}
                     for s in sources},
     }
+    # Paired against the main method: the cases only it got right, and only the other one did (an
+    # ablation's verdict is these two counts, not the difference of two accuracies).
+    main_right = {r["id"] for r in scored[main] if r.get("correct")}
+    summary["against_main"] = {
+        label: {"only_main_right": len(main_right - {r["id"] for r in recs if r.get("correct")}),
+                "only_this_right": len({r["id"] for r in recs if r.get("correct")} - main_right)}
+        for label, recs in scored.items() if label != main
+    }
     if baseline is not None:
         right = {r["id"] for r in scored[baseline] if r.get("correct")}
         lost = [r for r in scored[main] if not r.get("correct") and r["id"] in right]
@@ -270,6 +278,11 @@ def kind_markdown(summary: Mapping[str, Any]) -> str:
     lines += ["", "| source | " + " | ".join(methods) + " |", "|---|" + "|".join("---:" for _ in methods) + "|"]
     for source, row in summary["sources"].items():
         lines.append(f"| {source} | " + " | ".join(_cell(row[m]) for m in methods) + " |")
+    if summary.get("against_main"):
+        lines += ["", f"| paired with {summary['main']} | only {summary['main']} right | only this one right |",
+                  "|---|---:|---:|"]
+        lines += [f"| {label} | {pair['only_main_right']} | {pair['only_this_right']} |"
+                  for label, pair in summary["against_main"].items()]
     if summary.get("baseline"):
         main, base = summary["main"], summary["baseline"]
         lines += ["", f"Cases {main} got wrong and {base} right: {len(summary['lost_ids'])}; the reverse: "
