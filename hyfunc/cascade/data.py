@@ -26,7 +26,8 @@ class Example:
     answers: list[Call]  # empty: no tool should be called
 
 
-def _files(paths: PathLike | Iterable[PathLike]) -> list[Path]:
+def jsonl_files(paths: PathLike | Iterable[PathLike]) -> list[Path]:
+    """The JSON Lines files that data paths name (a directory: its *.jsonl)."""
     items = [paths] if isinstance(paths, (str, Path)) else list(paths)
     files: list[Path] = []
     for item in map(Path, items):
@@ -44,7 +45,7 @@ def load_examples(paths: PathLike | Iterable[PathLike]) -> list[Example]:
     """Read JSON Lines files (or directories of them); errors name the file and line."""
     examples: list[Example] = []
     seen: set[str] = set()
-    for path in _files(paths):
+    for path in jsonl_files(paths):
         with path.open(encoding="utf-8") as f:
             for lineno, line in enumerate(f, 1):
                 if not line.strip():

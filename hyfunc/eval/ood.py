@@ -1,10 +1,11 @@
-"""Out-of-distribution validation: whole fc-train sources a cascade never trained on, written as a
-data set in BFCL's layout and scored by bfcl-eval's own checker, every case tagged with the kinds of
+"""Out-of-distribution validation: whole data sources a cascade never trained on (fc-train sources
+left out of `hyfunc prepare --data`, and AgentDojo's tasks, in no training data), written as a data
+set in BFCL's layout and scored by bfcl-eval's own checker, every case tagged with the kinds of
 values it asks for.
 
 Rules, thresholds and training options are chosen here, not on BFCL (the test set). A cascade is
-out of distribution on this set only when `hyfunc prepare --data` left its sources out; the builder
-refuses nothing about that, the report names the sources and the artifact's own data paths.
+out of distribution on the fc-train sources only when `hyfunc prepare --data` left them out; the
+builder refuses nothing about that, the command names a cascade whose manifest lists one of them.
 
 The conversion follows BFCL's conventions, so `hyfunc.eval.bfcl` loads and checks the cases
 unchanged:
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from hyfunc.cascade.data import augment_refusals, load_examples, sample_by_pattern
+from hyfunc.cascade.data import augment_refusals, jsonl_files, load_examples, sample_by_pattern
 from hyfunc.errors import InputError
 from hyfunc.formats.schema import parse_tool
 
@@ -133,16 +134,14 @@ def category(tools: Sequence[Any], answers: Sequence[Any]) -> str:
     return "parallel" if len(tools) == 1 else "parallel_multiple"
 
 
-def _raw_records(paths: Iterable[str | Path]) -> dict[str, dict]:
+def _raw_records(paths: Sequence[str | Path]) -> dict[str, dict]:
     """id -> the JSON record as the data file holds it (tools as written, not as parsed)."""
     records = {}
-    for path in paths:
-        files = sorted(Path(path).glob("*.jsonl")) if Path(path).is_dir() else [Path(path)]
-        for file in files:
-            for line in file.read_text(encoding="utf-8").splitlines():
-                if line.strip():
-                    record = json.loads(line)
-                    records[str(record["id"])] = record
+    for file in jsonl_files(paths):
+        for line in file.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                record = json.loads(line)
+                records[str(record["id"])] = record
     return records
 
 
