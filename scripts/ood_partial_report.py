@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from hyfunc.eval.ood import kind_markdown, kind_plot, kind_summary
+from hyfunc.eval.ood import first_calls_right, kind_markdown, kind_plot, kind_summary
 from hyfunc.eval.records import read_case_records
 out, labels = Path(sys.argv[1]), sys.argv[2:]
 kinds = json.loads((out / "data" / "kinds.json").read_text())
@@ -18,6 +18,8 @@ done = set.intersection(*({r["id"] for r in recs} for recs in records.values()))
 kinds = {k: v for k, v in kinds.items() if k in done}
 baseline = next((label for label in labels if label.startswith("direct:")), None)
 summary = kind_summary(records, kinds, labels[0], baseline)
+summary["first_call"] = first_calls_right({label: [r for r in recs if r["id"] in kinds] for label, recs in records.items()},
+                                          out / "data")
 summary["set"] = {"scored_by_every_method": len(done), "cases_in_set": len(json.loads((out / "data" / "kinds.json").read_text()))}
 (out / "kinds.json").write_text(json.dumps(summary, indent=2) + "\n")
 (out / "kinds.md").write_text(kind_markdown(summary) + "\n")

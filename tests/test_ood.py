@@ -12,6 +12,7 @@ from hyfunc.eval.ood import (
     bfcl_doc,
     build_cases,
     case_kinds,
+    first_calls_right,
     kind_markdown,
     kind_summary,
     possible_answer,
@@ -142,3 +143,16 @@ def test_agentdojo_tasks_are_in_the_package_and_state_their_values():
         for value in call["arguments"].values():
             for item in value if isinstance(value, list) else [value]:
                 assert str(item).lower() in row["query"].lower()
+
+
+def test_first_call_right_scores_the_first_call_of_a_longer_answer(ood_set):
+    cases, _, folder = ood_set
+    single = next(c for c in cases if c.category == "multiple")
+    (gold,) = _first_accepted(single.ground_truth[0])
+    other = next(f["name"] for f in single.functions if f["name"] not in single.ground_truth[0])
+    records = {"goes on": [{"id": single.id, "calls": [gold, {other: {}}]}],
+               "wrong first": [{"id": single.id, "calls": [{other: {}}, gold]}],
+               "parallel ignored": [{"id": c.id, "calls": []} for c in cases if c.category == "parallel_multiple"][:1]}
+    tallies = first_calls_right(records, folder)
+    assert tallies["goes on"] == {"n": 1, "correct": 1, "ids": [single.id]}
+    assert tallies["wrong first"]["correct"] == 0 and tallies["parallel ignored"]["n"] == 0

@@ -23,7 +23,9 @@ def cmd_eval_bfcl(args: argparse.Namespace) -> int:
 def cmd_eval_ood(args: argparse.Namespace) -> int:
     import json
 
-    from hyfunc.eval.ood import build_cases, kind_markdown, kind_plot, kind_summary, write_bfcl_layout
+    from hyfunc.eval.ood import (
+        build_cases, first_calls_right, kind_markdown, kind_plot, kind_summary, write_bfcl_layout,
+    )
     from hyfunc.eval.records import read_case_records
 
     out = Path(args.out)
@@ -35,7 +37,10 @@ def cmd_eval_ood(args: argparse.Namespace) -> int:
     kinds = json.loads((out / "data" / "kinds.json").read_text(encoding="utf-8"))
     main = next(iter(methods))
     baseline = next((label for label in methods if label.startswith("direct:")), None)
-    summary = kind_summary({label: read_case_records(d) for label, d in dirs.items()}, kinds, main, baseline)
+    records = {label: read_case_records(d) for label, d in dirs.items()}
+    summary = kind_summary(records, kinds, main, baseline)
+    summary["first_call"] = first_calls_right({label: [r for r in recs if r["id"] in kinds] for label, recs in records.items()},
+                                              out / "data")
     summary["set"] = {"sources": args.sources, "per_source": args.per_source, "seed": args.seed, "categories": counts,
                       "trained_on": {label: _trained_on(m, args.sources) for label, m in methods.items()}}
     (out / "kinds.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")

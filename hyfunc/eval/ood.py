@@ -263,6 +263,22 @@ def kind_summary(records: Mapping[str, Sequence[Mapping[str, Any]]], kinds: Mapp
     return summary
 
 
+def first_calls_right(records: Mapping[str, Sequence[Mapping[str, Any]]], folder: Path) -> dict[str, dict]:
+    """Per method, of the cases with one gold call: those whose first written call alone passes the
+    checker. A multi-step task's first step may be right while the method goes on with calls that
+    need its result (BFCL's checker then counts the whole answer wrong)."""
+    from hyfunc.eval.bfcl import check, load_cases
+
+    single = {case.id: case for path in sorted(folder.glob("OOD_*.json")) if path.stem[4:] in ("simple_python", "multiple")
+              for case in load_cases(path.stem[4:], folder)}
+    out = {}
+    for label, recs in records.items():
+        scored = [r for r in recs if r["id"] in single]
+        right = [r["id"] for r in scored if r.get("calls") and check(single[r["id"]], r["calls"][:1])[0]]
+        out[label] = {"n": len(scored), "correct": len(right), "ids": right}
+    return out
+
+
 def _cell(tally: Mapping[str, Any]) -> str:
     return "–" if not tally["n"] else f"{100 * tally['accuracy']:.1f} ({tally['correct']}/{tally['n']})"
 
@@ -277,6 +293,9 @@ def kind_markdown(summary: Mapping[str, Any]) -> str:
     lines += ["", "| source | " + " | ".join(methods) + " |", "|---|" + "|".join("---:" for _ in methods) + "|"]
     for source, row in summary["sources"].items():
         lines.append(f"| {source} | " + " | ".join(_cell(row[m]) for m in methods) + " |")
+    if summary.get("first_call"):
+        lines += ["", "First call right (cases with one gold call; later calls not scored): " + "; ".join(
+            f"{label} {t['correct']}/{t['n']}" for label, t in summary["first_call"].items()) + "."]
     if summary.get("against_main"):
         lines += ["", f"| paired with {summary['main']} | only {summary['main']} right | only this one right |",
                   "|---|---:|---:|"]
