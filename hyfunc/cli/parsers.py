@@ -125,7 +125,7 @@ def _add_eval_parser(sub: argparse._SubParsersAction) -> None:
     _add_side_by_side_args(bfcl)
     bfcl.set_defaults(handler=f"{BENCHMARKS}:cmd_eval_bfcl", needs=PLOTS)
     ood = eval_sub.add_parser(
-        "ood", help="score on the out-of-distribution set: whole fc-train sources held out of training, "
+        "ood", help="score on the out-of-distribution set: data sources held out of training (fc-train's, AgentDojo), "
         "BFCL's checker, a report per kind of value")
     _add_method_args(ood, prefix_caching=False)
     _add_stage_switches(ood)
