@@ -57,11 +57,17 @@ def _trained_on(method, held_out: list[str]) -> list[str]:
     """The held-out sources a cascade's training data held (from its manifest's data paths)."""
     import json
 
+    from hyfunc.cascade.data import jsonl_files
+
     artifact = getattr(method, "artifact", None)
     if artifact is None or not (Path(artifact) / "manifest.json").is_file():
         return []
-    paths = json.loads((Path(artifact) / "manifest.json").read_text())["data"]["paths"]
-    stems = {f.stem for p in map(Path, paths) for f in (sorted(p.glob("*.jsonl")) if p.is_dir() else [p])}
+    stems = set()
+    for path in json.loads((Path(artifact) / "manifest.json").read_text())["data"]["paths"]:
+        try:
+            stems.update(f.stem for f in jsonl_files(path))
+        except InputError:  # prepared elsewhere: a file's name is all that is known here
+            stems.add(Path(path).stem)
     return [s for s in held_out if s in stems]
 
 
