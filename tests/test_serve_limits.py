@@ -93,7 +93,7 @@ def test_a_library_whose_embeddings_are_on_disk_is_not_new(monkeypatch: pytest.M
     cascade = tiny_cascade(library=True)
     library = TOOLS + [{"type": "function", "function": {"name": f"record_{i}", "description": f"Look up record {i}"}}
                        for i in range(130)]  # over 128 tools: read per function
-    assert _ask(TestClient(create_app(cascade, ServeConfig(**CONFIG))), tools=library).status_code == 200
+    assert _ask(TestClient(create_app(cascade, ServeConfig(**CONFIG, library_jobs=0))), tools=library).status_code == 200
     # Another server on the same disk: its memory cache is empty, the embeddings are on disk.
     capped = TestClient(create_app(cascade, ServeConfig(**CONFIG, max_new_tool_tokens=1)))
     assert _ask(capped, tools=library).status_code == 200

@@ -169,7 +169,8 @@ def test_a_library_over_128_tools_is_read_per_function(monkeypatch: pytest.Monke
     cascade = tiny_cascade(library=True)
     tools = TOOLS + _many_tools(130)
     offered = {t["function"]["name"] for t in tools}
-    client = TestClient(create_app(cascade, ServeConfig(**CONFIG)))
+    # Embedded on the request path here (no background job: test_library_jobs.py).
+    client = TestClient(create_app(cascade, ServeConfig(**CONFIG, library_jobs=0)))
     first, again = _ask(client, tools=tools), _ask(client, tools=tools)
     assert first.status_code == again.status_code == 200, first.text
     assert "library_build" in first.headers["server-timing"] and "library_build" not in again.headers["server-timing"]

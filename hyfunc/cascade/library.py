@@ -97,24 +97,69 @@ def embeddings_stored(encoder: SoftTokenEncoder, tools: Sequence[Tool]) -> bool:
     return all(path.is_file() for path in _shard_paths(_embeddings_directory(encoder, tools), len(tools)))
 
 
+class LibraryEmbedding:
+    """A library's per-function embeddings, computed a few tools at a time (`step`: the server embeds
+    a new library between requests) and cached on disk a shard at a time. The tools of a shard not
+    yet finished are held in memory: a step dropped half-way through a shard loses at most that shard.
+    When the last shard is written, the disk cache is trimmed to `max_bytes`, least recently used
+    libraries first (this one always stays)."""
+
+    def __init__(self, encoder: SoftTokenEncoder, tools: Sequence[Tool], max_bytes: int = DISK_CACHE_BYTES):
+        self.encoder, self.tools, self.max_bytes = encoder, list(tools), max_bytes
+        self.directory = _embeddings_directory(encoder, self.tools)
+        self._shards = _shard_paths(self.directory, len(self.tools))
+        self._partial: list[torch.Tensor] = []  # embedded tools of shard `_partial_shard`, in order
+        self._partial_shard: int | None = None
+
+    def _next_shard(self) -> int | None:
+        return next((number for number, path in enumerate(self._shards) if not path.is_file()), None)
+
+    def _shard_tools(self, number: int) -> list[Tool]:
+        return self.tools[number * SHARD_SIZE : (number + 1) * SHARD_SIZE]
+
+    @property
+    def remaining(self) -> int:
+        """Tools not embedded yet (another process may write shards meanwhile: read from disk)."""
+        missing = [number for number, path in enumerate(self._shards) if not path.is_file()]
+        held = sum(len(part) for part in self._partial) if self._partial_shard in missing else 0
+        return sum(len(self._shard_tools(number)) for number in missing) - held
+
+    def step(self, max_tools: int) -> int:
+        """Embed up to `max_tools` more tools, all of one shard; returns how many (0 when done)."""
+        number = self._next_shard()
+        if number is None:
+            return 0
+        if number != self._partial_shard:  # a new shard, or the one held was written elsewhere
+            self._partial, self._partial_shard = [], number
+        chunk = self._shard_tools(number)
+        done = sum(len(part) for part in self._partial)
+        part = chunk[done : done + max(1, max_tools)]
+        with hold(self.directory):
+            self._partial.append(self.encoder.embed_functions(part))
+            if done + len(part) == len(chunk):
+                with durable_replacement(self._shards[number]) as shard:  # a shard is there whole or not at all
+                    save_file({"functions": torch.cat(self._partial)}, str(shard))
+                self._partial, self._partial_shard = [], None
+                if self._next_shard() is None:  # only a write grows the cache: a read needs no walk over every entry
+                    trim(self.directory.parent, self.max_bytes)
+        return len(part)
+
+    def load(self) -> torch.Tensor:
+        """(n_tools, H) from the finished shards on disk."""
+        with hold(self.directory):
+            return torch.cat([load_file(str(path))["functions"] for path in self._shards])
+
+
 def library_embeddings(encoder: SoftTokenEncoder, tools: list[Tool], max_bytes: int = DISK_CACHE_BYTES) -> torch.Tensor:
-    """(n_tools, H) per-function embeddings, cached in shards; when it wrote any, the cache is then
-    trimmed to `max_bytes`, least recently used libraries first (this one always stays)."""
-    directory = _embeddings_directory(encoder, tools)
-    parts = []
-    wrote = False
-    with hold(directory), tqdm(total=len(tools), desc="library embeddings", unit="tool") as bar:
-        for number, path in enumerate(_shard_paths(directory, len(tools))):
-            chunk = tools[number * SHARD_SIZE : (number + 1) * SHARD_SIZE]
-            if not path.is_file():
-                with durable_replacement(path) as shard:  # a shard is there whole or not at all
-                    save_file({"functions": encoder.embed_functions(chunk)}, str(shard))
-                wrote = True
-            parts.append(load_file(str(path))["functions"])
-            bar.update(len(chunk))
-        if wrote:  # only a write grows the cache: a read needs no walk over every entry
-            trim(directory.parent, max_bytes)
-    return torch.cat(parts)
+    """(n_tools, H) per-function embeddings, computed where no shard of them is on disk yet (see
+    `LibraryEmbedding`)."""
+    embedding = LibraryEmbedding(encoder, tools, max_bytes)
+    remaining = embedding.remaining
+    if remaining:
+        with tqdm(total=len(tools), initial=len(tools) - remaining, desc="library embeddings", unit="tool") as bar:
+            while done := embedding.step(SHARD_SIZE):
+                bar.update(done)
+    return embedding.load()
 
 
 def request_tokens(encoder: SoftTokenEncoder, examples: Sequence[Example], directory: Path, shard_size: int = 128) -> torch.Tensor:

@@ -380,6 +380,11 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
         "--ready-max-wait", type=float, default=30.0, metavar="SECONDS",
         help="/health/ready answers 503 'degraded' while the oldest queued request has waited longer (default 30)",
     )
+    serve.add_argument(
+        "--library-jobs", type=int, default=2, metavar="N",
+        help="a new library of more than 128 tools is embedded between requests, up to N at once, its requests "
+        "answered 429 with Retry-After meanwhile (default 2; 0: embedded on the request path, holding the worker)",
+    )
     serve.add_argument("--traffic", nargs="?", const="", default=None, metavar="URL", help=TRAFFIC_HELP)
     serve.add_argument("--traffic-keep-days", type=float, default=None, metavar="DAYS",
                        help="with --traffic: delete logged requests older than DAYS days, at start and then every "

@@ -43,7 +43,7 @@ import torch
 
 from hyfunc.cascade.large_values import LargeValueWriter
 from hyfunc.cascade.lexical import lexical_scores
-from hyfunc.cascade.library import DISK_CACHE_BYTES, PerFunctionLibrary, embeddings_stored
+from hyfunc.cascade.library import DISK_CACHE_BYTES, LibraryEmbedding, PerFunctionLibrary, embeddings_stored
 from hyfunc.cascade.manifest import MANIFEST
 from hyfunc.cascade.next_step import NEXT_STEP_DIR, NextStepHead
 from hyfunc.cascade.off_topic import GATE_DIR, OffTopicGate
@@ -268,6 +268,14 @@ class HyFuncMethod:
     def library_stored(self, tools: Sequence[Tool]) -> bool:
         """Whether `use_library(tools)` finds the per-function embeddings on disk (computes none)."""
         return self.library_mode(len(tools)) == "per_function" and embeddings_stored(self.encoder, tools)
+
+    def library_embedding(self, tools: Sequence[Tool], disk_cache_bytes: int = DISK_CACHE_BYTES) -> LibraryEmbedding | None:
+        """The per-function embeddings `use_library(tools)` would compute, to compute them a few
+        tools at a time beforehand (the server does, between requests); None for a library read in
+        one prompt or not at all."""
+        if self.library_mode(len(tools)) != "per_function":
+            return None
+        return LibraryEmbedding(self.encoder, tools, disk_cache_bytes)
 
     def use_library(self, tools: Sequence[Tool], disk_cache_bytes: int = DISK_CACHE_BYTES) -> None:
         """Fix the tool library (the server case). Up to MAX_PROMPT_TOOLS tools, the KV cache of

@@ -409,6 +409,10 @@ class _SmallFirstSlot:
         stored = getattr(self._routed.cascade, "library_stored", None)
         return stored is not None and stored(tools)
 
+    def library_embedding(self, tools: Sequence[Tool], disk_cache_bytes: int = DISK_CACHE_BYTES) -> Any:
+        embedding = getattr(self._routed.cascade, "library_embedding", None)
+        return None if embedding is None else embedding(tools, disk_cache_bytes)
+
     def use_library(self, tools: Sequence[Tool], disk_cache_bytes: int = DISK_CACHE_BYTES) -> None:
         self._routed.use_library(tools, disk_cache_bytes)
 

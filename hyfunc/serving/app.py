@@ -97,7 +97,9 @@ class _State:
         # The loader runs inside the try: a model that fails to load must show as "failed", not leave
         # the server "loading" for ever.
         try:
-            self.service = ChatService(_as_paths(load_methods()), self.config, self.metrics, self.traffic, self.router)
+            self.service = ChatService(
+                _as_paths(load_methods()), self.config, self.metrics, self.traffic, self.router, self.worker
+            )
             self.status = "ok"
         except Exception as err:  # noqa: BLE001 - reported by /health and by 503s
             log.exception("loading the models failed")

@@ -57,6 +57,10 @@ class ServerMetrics:
         self.library_misses = Counter("hyfunc:library_cache_misses", "Requests that built their tool library state", registry=r)
         self.library_entries = Gauge("hyfunc:library_cache_entries", "Tool libraries held in the cache", registry=r)
         self.library_bytes = Gauge("hyfunc:library_cache_bytes", "Tensor bytes held by the tool library cache", registry=r)
+        self.library_jobs = Gauge("hyfunc:library_jobs", "New tool libraries being embedded off the request path", registry=r)
+        self.library_job_tools = Counter(
+            "hyfunc:library_job_tools", "Tools of new libraries embedded off the request path", registry=r
+        )
         self.traffic_errors = Counter("hyfunc:traffic_sink_errors", "Served requests the traffic log failed to take", registry=r)
 
     def observe_stages(self, timings: dict[str, float]) -> None:

@@ -3,7 +3,8 @@
 `ChatService.prepare` checks a parsed request against what the models can take (400s, in the
 event loop, before the request is queued); `ChatService.route` picks the answering path (the
 router's slot) and refuses a tool library that path cannot read (400) or that no cache holds and
-takes more than `ServeConfig.max_new_tool_tokens` (413); `ChatService.answer` runs on the model
+takes more than `ServeConfig.max_new_tool_tokens` (413), and answers 429 while a new library too
+large for one prompt is embedded off the request path (library_jobs.py); `ChatService.answer` runs on the model
 worker: it applies `tool_choice` and `parallel_tool_calls`, asks the method, falls back to a
 forced call or a text reply, builds the `ServedRequest` and hands it to the traffic sink.
 Streaming and non-streaming responses are both rendered from the `Outcome` it returns, so they
@@ -35,9 +36,11 @@ from hyfunc.serving.call_stream import CallStream
 from hyfunc.serving.conversation import Conversation, read_conversation
 from hyfunc.serving.errors import APIError, bad_request
 from hyfunc.serving.library_cache import LibraryCache
+from hyfunc.serving.library_jobs import LibraryJobs
 from hyfunc.serving.metrics import ServerMetrics
 from hyfunc.serving.protocol import ChatCompletionRequest
 from hyfunc.serving.replies import ANSWER_FROM_RESULTS, FALLBACK_TEXT, CallWriter, write_text
+from hyfunc.serving.worker import ModelWorker
 
 log = logging.getLogger("hyfunc.serving")
 
@@ -73,6 +76,9 @@ class ServeConfig:
     # of 128 tools read in one prompt fits; a 4,000-tool one is served once its embeddings are on disk.
     max_new_tool_tokens: int = 32_768
     ready_max_wait: float = 30.0  # seconds the oldest queued request may wait; then /health/ready is degraded
+    # New libraries embedded at once off the request path (library_jobs.py); 0: on the request path.
+    library_jobs: int = 2
+    library_job_grace: float = 60.0  # seconds past its Retry-After that a job waits for its client
 
 
 @dataclass
@@ -141,7 +147,10 @@ class ChatService:
         metrics: ServerMetrics,
         traffic: TrafficSink | None = None,
         router: Router | None = None,
+        worker: ModelWorker | None = None,
     ):
+        """`worker`: the model worker, which runs new libraries' embedding jobs between requests
+        (without one, or with `config.library_jobs` 0, they are embedded on the request path)."""
         if not methods:
             raise ValueError("no method to serve")
         self.methods = dict(methods)
@@ -149,6 +158,10 @@ class ChatService:
         self.library = LibraryCache(config.library_cache, config.library_cache_bytes, metrics, config.library_disk_cache_bytes)
         self.calls = CallWriter()
         self.failure: str | None = None  # set by a fatal model error: the service answers no more
+        self.jobs = None if worker is None or config.library_jobs <= 0 else LibraryJobs(
+            worker.submit_background, worker.mean_service_seconds, config.library_jobs, config.library_job_grace,
+            metrics, self._job_failed,
+        )
         self._text_caches: dict[int, PrefixCache] = {}
         first = next(iter(self.methods.values()))
         backend = text_backend(first)
@@ -239,6 +252,7 @@ class ChatService:
                 raise RuntimeError(f"the router chose {path!r}; paths: {', '.join(self.methods)}")
         self._check_library(prepared, path)
         self._check_new_tools(prepared, path)
+        self._check_embedded(prepared, path)
         return path
 
     def _check_library(self, prepared: Prepared, path: str) -> None:
@@ -277,6 +291,19 @@ class ChatService:
             f"{cap} new tool tokens per request: send fewer tools, or start the server with a higher --max-new-tool-tokens",
             param="tools", code="too_many_tool_tokens",
         )
+
+    def _check_embedded(self, prepared: Prepared, path: str) -> None:
+        """A library read per function whose embeddings are neither held nor on disk is embedded
+        off the request path: 429 with Retry-After until it is."""
+        if self.jobs is None or len(prepared.tools) <= JOINT_TOOLS or prepared.choice == "none" or prepared.named:
+            return
+        method = self.methods[path]
+        if not self.library.holds(method, prepared.tools):
+            self.jobs.admit(method, prepared.tools, self.config.library_disk_cache_bytes)
+
+    def _job_failed(self, err: BaseException) -> None:
+        if isinstance(err, FATAL):  # the KV state may be half-written, as in `answer`
+            self.failure = f"{type(err).__name__}: {err}"
 
     # -- on the model worker ---------------------------------------------------------------
     def answer(

@@ -7,6 +7,10 @@ raises `QueueFull` (the app answers 429 with Retry-After) instead of letting req
 A request whose client left, or whose time limit passed, before it started is dropped unrun;
 once started, its `cancelled` flag lets the parts that can stop early (text replies) stop.
 
+Low-priority work (a new tool library's embedding, `library_jobs.py`) goes through
+`submit_background`: the same FIFO queue, so a request queued behind it waits for at most the one
+step running, but neither counted as a request (no 429, no gauges) nor drained at shutdown.
+
 `retry_after` tells a refused client when to come back: the mean time the worker spent on its
 recent requests (an exponential average), i.e. about when the running one finishes and a place in
 the queue frees; 1 s before any request has finished. `oldest_wait` says how long the oldest
@@ -62,6 +66,7 @@ class ModelWorker:
         self._running = 0
         self._service_seconds: float | None = None  # average time a request held the worker
         self._queued: dict[Job, None] = {}  # submitted, not started, oldest first (the executor is FIFO)
+        self._closing = False
         if metrics:
             metrics.oldest_wait.set_function(self.oldest_wait)  # computed when scraped
 
@@ -69,6 +74,11 @@ class ModelWorker:
     def waiting(self) -> int:
         with self._lock:
             return self._pending - self._running
+
+    def mean_service_seconds(self) -> float | None:
+        """The average time recent requests held the worker; None before the first finished."""
+        with self._lock:
+            return self._service_seconds
 
     def retry_after(self) -> int:
         """Whole seconds for a 429's Retry-After (see the module's docstring)."""
@@ -120,6 +130,14 @@ class ModelWorker:
         self._gauges()
         return job
 
+    def submit_background(self, fn: Callable[[], None]) -> bool:
+        """Queue `fn()` behind the requests already waiting; False once shutting down (not run)."""
+        with self._lock:
+            if self._closing:
+                return False
+            self._executor.submit(lambda: None if self._closing else fn())
+            return True
+
     def _dequeue(self, job: Job) -> None:
         with self._lock:
             self._queued.pop(job, None)
@@ -151,5 +169,8 @@ class ModelWorker:
                 raise Cancelled("client disconnected")
 
     def shutdown(self) -> None:
-        """Finish what is running and queued (graceful shutdown), then stop the thread."""
+        """Finish the requests running and queued (graceful shutdown), then stop the thread;
+        background work not started by then is dropped."""
+        with self._lock:
+            self._closing = True
         self._executor.shutdown(wait=True)
