@@ -8,6 +8,8 @@ environment variable HYFUNC_TEST_SERVE (JSON) chooses the method and the server'
   retriever refuse every request, so the answer is a text reply from the large model;
 - ``"method": "direct"``: direct prompting with the tiny model (answers are random text);
 - ``"slow": seconds``: each answer waits that long first (the queue tests need a busy worker);
+- ``"library": true``: the cascade has a library retriever (reads libraries over 128 tools per function);
+- ``"HYFUNC_HOME": path``: the server's own home (its disk caches);
 - any other key is a `ServeConfig` field (max_queue, api_key, max_body_bytes, ...).
 """
 from __future__ import annotations
@@ -65,8 +67,10 @@ def create() -> FastAPI:
     kind = settings.pop("method", "cascade")
     refuse = settings.pop("refuse", False)
     slow = settings.pop("slow", 0)
+    if "HYFUNC_HOME" in settings:
+        os.environ["HYFUNC_HOME"] = settings.pop("HYFUNC_HOME")
     if kind == "cascade":
-        method = tiny_cascade(refuse)
+        method = tiny_cascade(refuse, library=settings.pop("library", False))
     else:
         from hyfunc.methods.direct import DirectMethod
 

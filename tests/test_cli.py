@@ -211,7 +211,7 @@ def test_prepare_with_missing_or_empty_data(tmp_path, capsys):
 
 DATA_COMMANDS = [
     ["prepare", "--out", "unused"], ["bench", "library"], ["bench", "retriever"], ["bench", "small-retrieval"],
-    ["bench", "odia"], ["bench", "refusal"], ["bench", "serve", "--url", "http://127.0.0.1:1"],
+    ["bench", "odia"], ["bench", "refusal"], ["bench", "serve", "--url", "http://127.0.0.1:1"], ["bench", "isolation", "--url", "http://127.0.0.1:1"],
     ["odia", "selector", "--out", "unused"],
 ]
 
