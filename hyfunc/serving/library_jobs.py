@@ -91,8 +91,11 @@ class LibraryJobs:
                 self._jobs[key] = job
                 self.metrics.library_jobs.set(len(self._jobs))
                 self._pump_locked()
+            remaining = job.embedding.remaining
+            if remaining == 0:
+                return  # its last shard was written since the caller looked
             job.asked = self._clock()
-            done = job.tools - job.embedding.remaining
+            done = job.tools - remaining
             wait = _seconds(job.eta())
             job.patience = wait
         raise APIError(
