@@ -5,9 +5,9 @@ and requests of a seeded fc-train sample, as `bench serve` sends them), their la
 time alone; then the same requests again while one client sends a library of `--tools` tools
 sampled from the bundled Seal-Tools library (new to the server: the sample's seed is the time
 unless given), honouring each 429's Retry-After (waiting at most `--poll` seconds) until it is
-answered. Reported: the small requests' latencies alone and meanwhile, each one's delay (meanwhile
-minus the median alone) in units of the median alone (the target: at most one), and when the large
-library was answered and after how many 429s. With `--library-jobs 0` on the server, the library
+answered. Reported: the small requests' latencies alone and meanwhile, each one's delay (its
+latency meanwhile minus the same request's alone) in units of the mean request alone (the target: at
+most one), and when the large library was answered and after how many 429s. With `--library-jobs 0` on the server, the library
 is embedded on the request path instead: the same command shows what that costs the others.
 """
 from __future__ import annotations
@@ -74,14 +74,17 @@ def run(args: argparse.Namespace) -> int:
         while sender.is_alive():
             meanwhile.append(_small(client, args.url, args.model, small_tools, queries[len(meanwhile) % len(queries)], args.timeout))
         sender.join()
-    base = float(np.median([r["seconds"] for r in alone if r["status"] == 200] or [np.nan]))
-    delays = [(r["seconds"] - base) / base for r in meanwhile if r["status"] == 200]
+    mean_alone = float(np.mean([r["seconds"] for r in alone]))
+    delays = [(r["seconds"] - alone[i % len(alone)]["seconds"]) / mean_alone
+              for i, r in enumerate(meanwhile) if r["status"] == 200 and alone[i % len(alone)]["status"] == 200]
     summary = {
         "url": args.url, "small_tools": len(small_tools), "requests": len(queries), "library_tools": args.tools,
         "library_seed": seed, "poll_s": args.poll,
-        "alone_median_s": round(base, 3),
+        "alone_mean_s": round(mean_alone, 3),
+        "alone_median_s": round(float(np.median([r["seconds"] for r in alone])), 3),
         "meanwhile_median_s": round(float(np.median([r["seconds"] for r in meanwhile if r["status"] == 200] or [np.nan])), 3),
         "meanwhile_max_s": round(max((r["seconds"] for r in meanwhile if r["status"] == 200), default=float("nan")), 3),
+        "median_delay_in_service_times": round(float(np.median(delays)) if delays else float("nan"), 3),
         "max_delay_in_service_times": round(max(delays, default=float("nan")), 3),
         "meanwhile_not_200": sum(r["status"] != 200 for r in meanwhile),
         "library": {k: round(v, 3) if isinstance(v, float) else v for k, v in large.items()},

@@ -10,7 +10,8 @@ embeddings are on disk, and then it is served as any stored library.
 A job runs on the model worker a step at a time (`ModelWorker.submit_background`): one step of the
 oldest job, queued behind the requests already waiting, then the next. So a request that does not
 need the library waits for at most one step, and a step is sized from the measured seconds per
-tool to last about as long as the worker's average request (`step_tools`).
+tool to last half the worker's average request (`STEP_SHARE`): a request arriving mid-step waits
+for the rest of it.
 
 Bounded: at most `max_jobs` libraries at a time; another new one gets 429 too, with the time until
 the first job ends. Cancellable: a job whose clients stopped asking (nobody came back within
@@ -35,6 +36,7 @@ log = logging.getLogger("hyfunc.serving")
 FIRST_STEP_TOOLS = 2  # before a step is measured: a pass per tool takes ~0.1-1 s on a CPU
 MAX_STEP_TOOLS = 64
 DEFAULT_STEP_SECONDS = 1.0  # a step's length before any request has been timed
+STEP_SHARE = 0.5  # of the worker's average request time: a step's length
 SECONDS_PER_TOOL_GUESS = 0.5  # the Retry-After of a job not yet measured
 MAX_RETRY_AFTER = 3600
 
@@ -104,6 +106,11 @@ class LibraryJobs:
             param="tools", code="library_embedding", headers={"Retry-After": str(wait)},
         )
 
+    def embedding(self, method: Any, tools: Sequence[Tool]) -> bool:
+        """Whether a job embeds `tools` for `method` now (its requests need no other check)."""
+        with self._lock:
+            return (id(method), fingerprint(tools)) in self._jobs
+
     @property
     def running(self) -> int:
         with self._lock:
@@ -131,7 +138,8 @@ class LibraryJobs:
                 self._pump_locked()
 
     def _run(self, job: _Job) -> None:
-        target = self._step_seconds() or DEFAULT_STEP_SECONDS
+        mean = self._step_seconds()
+        target = STEP_SHARE * mean if mean else DEFAULT_STEP_SECONDS
         size = FIRST_STEP_TOOLS if job.seconds_per_tool is None else int(target / job.seconds_per_tool)
         started = time.perf_counter()
         try:

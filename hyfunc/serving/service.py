@@ -251,7 +251,9 @@ class ChatService:
             if path not in self.methods:
                 raise RuntimeError(f"the router chose {path!r}; paths: {', '.join(self.methods)}")
         self._check_library(prepared, path)
-        self._check_new_tools(prepared, path)
+        # A library being embedded passed the cap when its job started: its polls skip the count.
+        if self.jobs is None or not self.jobs.embedding(self.methods[path], prepared.tools):
+            self._check_new_tools(prepared, path)
         self._check_embedded(prepared, path)
         return path
 
