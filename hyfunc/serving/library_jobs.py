@@ -108,8 +108,9 @@ class LibraryJobs:
 
     def embedding(self, method: Any, tools: Sequence[Tool]) -> bool:
         """Whether a job embeds `tools` for `method` now (its requests need no other check)."""
+        key = (id(method), fingerprint(tools))
         with self._lock:
-            return (id(method), fingerprint(tools)) in self._jobs
+            return key in self._jobs
 
     @property
     def running(self) -> int:

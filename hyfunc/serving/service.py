@@ -252,7 +252,8 @@ class ChatService:
                 raise RuntimeError(f"the router chose {path!r}; paths: {', '.join(self.methods)}")
         self._check_library(prepared, path)
         # A library being embedded passed the cap when its job started: its polls skip the count.
-        if self.jobs is None or not self.jobs.embedding(self.methods[path], prepared.tools):
+        large = len(prepared.tools) > JOINT_TOOLS
+        if self.jobs is None or not large or not self.jobs.embedding(self.methods[path], prepared.tools):
             self._check_new_tools(prepared, path)
         self._check_embedded(prepared, path)
         return path
