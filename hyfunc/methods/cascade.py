@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -168,7 +169,7 @@ class HyFuncMethod:
         if self.options.soft_token and self.projector is None:
             raise ValueError("the soft-token prefix needs a trained projector")
         self.decoder = TemplateDecoder(small)
-        self._small_prefix = PrefixCache(small)
+        self._small_prefixes = threading.local()  # a PrefixCache per thread: batched requests run side by side
         self.name = name
         self.shared_pass = shared_pass
         self.artifact: Path | None = None  # the directory it was loaded from, if any
@@ -319,7 +320,10 @@ class HyFuncMethod:
         a prefix cache: what they share with the previous request's (the instruction always, the
         tools too when the same ones were retrieved) is not run again (exact); the soft token and
         the rest follow as embeddings."""
-        step, reused = self._small_prefix.run(prompt.before_ids)
+        prefix = getattr(self._small_prefixes, "cache", None)
+        if prefix is None:
+            prefix = self._small_prefixes.cache = PrefixCache(self.small)
+        step, reused = prefix.run(prompt.before_ids)
         rest = embeds[len(prompt.before_ids):]
         return (self.small.forward(embeds=rest, cache=step.cache) if len(rest) else step), reused
 

@@ -14,17 +14,22 @@ needs more than text generation, and llama.cpp's C API has all of it:
 
 Tokenization and chat templates are the model's Hugging Face tokenizer (read from the GGUF once),
 as on the transformers engine, so ids and prompts are identical on both. Input embeddings (`embed`)
-are the GGUF's `token_embd` rows, dequantised with the `gguf` package. Not thread-safe: one
-request at a time per backend.
+are the GGUF's `token_embd` rows, dequantised with the `gguf` package.
+
+Several requests may use one backend from their own threads once `enable_batching()` is called:
+their forward passes are merged into shared llama_decode calls (models/step_batcher.py), one
+sequence id per request; the context's other operations (forks, crops) take its lock.
 """
 from __future__ import annotations
 
 import ctypes
 import hashlib
 import os
+import threading
 import weakref
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -33,6 +38,7 @@ from hyfunc.config import hyfunc_home
 from hyfunc.config import threads as env_threads
 from hyfunc.models.base import BackendBase, StepOutput
 from hyfunc.models.registry import DEFAULT_MODELS, ModelNotAvailable, resolve_gguf
+from hyfunc.models.step_batcher import StepBatcher
 
 __all__ = ["LlamaCppBackend", "LlamaKV", "engine_gguf", "llama_cpp_available", "requantize_gguf"]
 
@@ -125,8 +131,26 @@ class LlamaKV:
     def crop(self, max_length: int) -> None:
         keep = self.length + max_length if max_length < 0 else min(max_length, self.length)
         if keep < self.length:
-            self.backend._lib.llama_memory_seq_rm(self.backend._memory, self.seq, keep, -1)
+            with self.backend._lock:
+                self.backend._lib.llama_memory_seq_rm(self.backend._memory, self.seq, keep, -1)
             self.length = keep
+
+
+@dataclass(eq=False)
+class _Piece:
+    """Tokens (ids or input embeddings) of one sequence, run in one llama_decode, maybe beside
+    other requests' pieces."""
+
+    kv: LlamaKV
+    ids: list[int] | None
+    embeds: np.ndarray | None
+    outputs: list[int]  # offsets in the piece whose logits (and hidden states) are kept
+    hidden: bool
+    logits: dict[int, np.ndarray] = field(default_factory=dict)
+    states: dict[int, np.ndarray] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.ids) if self.ids is not None else self.embeds.shape[0]
 
 
 class LlamaCppBackend(BackendBase):
@@ -172,6 +196,8 @@ class LlamaCppBackend(BackendBase):
             lib.llama_set_adapters_lora(self._ctx, adapters, 1, (ctypes.c_float * 1)(1.0))
         self._memory = lib.llama_get_memory(self._ctx)
         self._embeddings_on = False
+        self._lock = threading.RLock()  # the context: one llama.cpp call at a time
+        self._batcher: StepBatcher[_Piece] | None = None
         self._free = list(range(n_seq))
         self.n_batch, self.n_ctx = n_batch, n_ctx
         self._n_embd = lib.llama_model_n_embd(self._model)
@@ -216,22 +242,39 @@ class LlamaCppBackend(BackendBase):
 
     # -- KV sequences ----------------------------------------------------------------------
     def _new_kv(self) -> LlamaKV:
-        if not self._free:
-            raise RuntimeError("llama.cpp engine: every KV sequence is in use (raise n_seq)")
-        seq = self._free.pop(0)
-        self._lib.llama_memory_seq_rm(self._memory, seq, -1, -1)
+        with self._lock:
+            if not self._free:
+                raise RuntimeError("llama.cpp engine: every KV sequence is in use (raise n_seq)")
+            seq = self._free.pop(0)
+            self._lib.llama_memory_seq_rm(self._memory, seq, -1, -1)
         return LlamaKV(self, seq)
 
     def _release(self, seq: int) -> None:
         if getattr(self, "_ctx", None):
-            self._lib.llama_memory_seq_rm(self._memory, seq, -1, -1)
-            self._free.append(seq)
+            with self._lock:
+                self._lib.llama_memory_seq_rm(self._memory, seq, -1, -1)
+                self._free.append(seq)
 
     def fork(self, cache: LlamaKV) -> LlamaKV:
         copy = self._new_kv()
-        self._lib.llama_memory_seq_cp(self._memory, cache.seq, copy.seq, -1, -1)
+        with self._lock:
+            self._lib.llama_memory_seq_cp(self._memory, cache.seq, copy.seq, -1, -1)
         copy.length = cache.length
         return copy
+
+    # -- batching across requests -----------------------------------------------------------
+    def enable_batching(self, on_run: Callable[[int], None] | None = None) -> None:
+        """From now on forward passes from several threads are merged (see the module docstring);
+        `on_run(n)` is told how many sequences each llama_decode ran."""
+        if self._batcher is None:
+            self._batcher = StepBatcher(self._run_pieces, self._fits, on_run=on_run)
+
+    def _fits(self, group: list[_Piece], piece: _Piece) -> bool:
+        """One llama_decode holds pieces of one kind (ids or embeddings; hidden states or not),
+        different sequences, within the batch size."""
+        first = group[0]
+        return ((piece.ids is None) == (first.ids is None) and piece.hidden == first.hidden
+                and all(piece.kv.seq != g.kv.seq for g in group) and sum(map(len, group)) + len(piece) <= self.n_batch)
 
     # -- input embeddings ------------------------------------------------------------------
     def embed(self, ids: Sequence[int]) -> torch.Tensor:
@@ -257,38 +300,59 @@ class LlamaCppBackend(BackendBase):
         self, kv: LlamaKV, ids: Sequence[int] | None, embeds: np.ndarray | None, outputs: set[int], hidden: bool
     ) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
         """Run positions after `kv` in chunks of n_batch; logits (and hidden states) of `outputs`."""
-        lib = self._lib
         n = len(ids) if ids is not None else embeds.shape[0]
         if kv.length + n > self.n_ctx:
             raise ValueError(f"{kv.length + n} tokens exceed the llama.cpp context of {self.n_ctx}")
-        self._set_embeddings(hidden)
         logits: dict[int, np.ndarray] = {}
         states: dict[int, np.ndarray] = {}
         for start in range(0, n, self.n_batch):
             end = min(start + self.n_batch, n)
-            batch = self._batch if ids is not None else self._embd_batch
-            batch.n_tokens = end - start
-            if ids is not None:
-                for j, tid in enumerate(ids[start:end]):
-                    batch.token[j] = tid
+            piece = _Piece(kv, list(ids[start:end]) if ids is not None else None,
+                           embeds[start:end] if embeds is not None else None,
+                           [i - start for i in range(start, end) if i in outputs], hidden)
+            if self._batcher is not None:
+                self._batcher.submit(piece)
             else:
-                chunk = np.ascontiguousarray(embeds[start:end], dtype=np.float32)
-                ctypes.memmove(batch.embd, chunk.ctypes.data, chunk.nbytes)
-            for j in range(end - start):
-                batch.pos[j] = kv.length + j
-                batch.n_seq_id[j] = 1
-                batch.seq_id[j][0] = kv.seq
-                batch.logits[j] = (start + j) in outputs
-            self._check(lib.llama_decode(self._ctx, batch))
-            kv.length += end - start
-            for i in range(start, end):
-                if i in outputs:
-                    ptr = lib.llama_get_logits_ith(self._ctx, i - start)
-                    logits[i] = np.ctypeslib.as_array(ptr, shape=(self._n_vocab,)).copy()
-                    if hidden:
-                        ptr = lib.llama_get_embeddings_ith(self._ctx, i - start)
-                        states[i] = np.ctypeslib.as_array(ptr, shape=(self._n_embd,)).copy()
+                self._run_pieces([piece])
+            logits.update({start + i: row for i, row in piece.logits.items()})
+            states.update({start + i: row for i, row in piece.states.items()})
         return logits, states
+
+    def _run_pieces(self, pieces: list[_Piece]) -> None:
+        """One llama_decode of every piece, each after its own sequence (see `_fits`)."""
+        lib = self._lib
+        with self._lock:
+            hidden = pieces[0].hidden
+            self._set_embeddings(hidden)
+            batch = self._batch if pieces[0].ids is not None else self._embd_batch
+            batch.n_tokens = sum(map(len, pieces))
+            j = 0
+            for piece in pieces:
+                if piece.ids is not None:
+                    for k, tid in enumerate(piece.ids):
+                        batch.token[j + k] = tid
+                else:
+                    chunk = np.ascontiguousarray(piece.embeds, dtype=np.float32)
+                    start = ctypes.cast(batch.embd, ctypes.c_void_p).value + j * self._n_embd * chunk.itemsize
+                    ctypes.memmove(start, chunk.ctypes.data, chunk.nbytes)
+                keep = set(piece.outputs)
+                for k in range(len(piece)):
+                    batch.pos[j + k] = piece.kv.length + k
+                    batch.n_seq_id[j + k] = 1
+                    batch.seq_id[j + k][0] = piece.kv.seq
+                    batch.logits[j + k] = k in keep
+                j += len(piece)
+            self._check(lib.llama_decode(self._ctx, batch))
+            j = 0
+            for piece in pieces:
+                for k in piece.outputs:
+                    ptr = lib.llama_get_logits_ith(self._ctx, j + k)
+                    piece.logits[k] = np.ctypeslib.as_array(ptr, shape=(self._n_vocab,)).copy()
+                    if hidden:
+                        ptr = lib.llama_get_embeddings_ith(self._ctx, j + k)
+                        piece.states[k] = np.ctypeslib.as_array(ptr, shape=(self._n_embd,)).copy()
+                piece.kv.length += len(piece)
+                j += len(piece)
 
     def _check(self, status: int) -> None:
         if status == 1:  # llama.h: no KV slot for the batch
@@ -334,20 +398,21 @@ class LlamaCppBackend(BackendBase):
                 return [self.forward(ids=lines[0], cache=self.fork(prefix), output_hidden=True).hidden]
             return self.hidden_of_lines(prefix, lines[:half]) + self.hidden_of_lines(prefix, lines[half:])
         forks = [self.fork(prefix) for _ in lines]
-        self._set_embeddings(True)
-        batch = self._batch
-        batch.n_tokens = total
-        j = 0
-        for kv, line in zip(forks, lines):
-            for k, tid in enumerate(line):
-                batch.token[j], batch.pos[j], batch.n_seq_id[j] = tid, kv.length + k, 1
-                batch.seq_id[j][0], batch.logits[j] = kv.seq, True
-                j += 1
-        self._check(lib.llama_decode(self._ctx, batch))
-        out, j = [], 0
-        for line in lines:
-            rows = [np.ctypeslib.as_array(lib.llama_get_embeddings_ith(self._ctx, j + k), shape=(self._n_embd,)).copy() for k in range(len(line))]
-            out.append(torch.from_numpy(np.stack(rows)))
-            j += len(line)
+        with self._lock:
+            self._set_embeddings(True)
+            batch = self._batch
+            batch.n_tokens = total
+            j = 0
+            for kv, line in zip(forks, lines):
+                for k, tid in enumerate(line):
+                    batch.token[j], batch.pos[j], batch.n_seq_id[j] = tid, kv.length + k, 1
+                    batch.seq_id[j][0], batch.logits[j] = kv.seq, True
+                    j += 1
+            self._check(lib.llama_decode(self._ctx, batch))
+            out, j = [], 0
+            for line in lines:
+                rows = [np.ctypeslib.as_array(lib.llama_get_embeddings_ith(self._ctx, j + k), shape=(self._n_embd,)).copy() for k in range(len(line))]
+                out.append(torch.from_numpy(np.stack(rows)))
+                j += len(line)
         return out  # the forks are released as they go out of scope
 

@@ -91,7 +91,7 @@ class _State:
         self.config, self.metrics, self.traffic, self.router = config, metrics, traffic, router
         self.service: ChatService | None = None
         self.status, self.detail = "loading", None
-        self.worker = ModelWorker(config.max_queue, metrics)
+        self.worker = ModelWorker(config.max_queue, metrics, config.batch)
 
     def load(self, load_methods: Callable[[], Methods]) -> None:
         # The loader runs inside the try: a model that fails to load must show as "failed", not leave
@@ -281,7 +281,7 @@ def create_app(
         headers = {"x-hyfunc-path": path, "x-request-id": prepared.request_id}
         if prepared.request.stream:
             return _stream(service, prepared, path, headers, arrived, request)
-        job = _submit(lambda job: service.answer(prepared, path, should_stop=job.should_stop))
+        job = _submit(lambda job: service.answer(prepared, path, should_stop=job.should_stop), service.batch_group(prepared, path))
         try:
             outcome = await state.worker.wait(job, request.is_disconnected)
         except TimeoutError:
@@ -298,9 +298,9 @@ def create_app(
         headers["x-hyfunc-path"] = outcome.path
         return JSONResponse(completion_body(outcome), headers={**headers, **_timing_headers(outcome)})
 
-    def _submit(fn: Callable) -> Any:
+    def _submit(fn: Callable, group: Any = None) -> Any:
         try:
-            return state.worker.submit(fn, config.request_timeout)
+            return state.worker.submit(fn, config.request_timeout, group)
         except QueueFull:
             wait = state.worker.retry_after()
             raise APIError(
@@ -329,7 +329,7 @@ def create_app(
                     log.exception("streamed request %s failed", prepared.request_id)
                 post("error", err)
 
-        job = _submit(work)  # before the response starts: a full queue is still a plain 429
+        job = _submit(work, service.batch_group(prepared, path))  # before the response starts: a full queue is still a plain 429
         writer = ChunkWriter(prepared.request_id, prepared.created, prepared.request.model)
         include_usage = bool(prepared.request.stream_options and prepared.request.stream_options.include_usage)
 

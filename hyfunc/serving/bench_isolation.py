@@ -57,7 +57,8 @@ def _large(client: httpx.Client, url: str, model: str, tools: list[dict], timeou
 
 
 def run(args: argparse.Namespace) -> int:
-    small_tools, queries = workload(args.data, args.requests, args.seed)
+    small_tools, requests = workload(args.data, args.requests, args.seed)
+    queries = [request.query for request in requests]
     headers = {"authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     seed = args.library_seed if args.library_seed is not None else int(time.time())
     large_tools = library_tools(args.tools, seed)

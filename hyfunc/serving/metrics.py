@@ -61,6 +61,10 @@ class ServerMetrics:
         self.library_job_tools = Counter(
             "hyfunc:library_job_tools", "Tools of new libraries embedded off the request path", registry=r
         )
+        self.engine_steps = Counter(
+            "hyfunc:engine_steps", "Engine calls of batched models (--batch), by model and requests' sequences in the call",
+            ["model", "sequences"], registry=r,
+        )
         self.traffic_errors = Counter("hyfunc:traffic_sink_errors", "Served requests the traffic log failed to take", registry=r)
 
     def observe_stages(self, timings: dict[str, float]) -> None:

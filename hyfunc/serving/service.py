@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -35,7 +36,7 @@ from hyfunc.routing.record import ServedRequest, TrafficSink
 from hyfunc.serving.call_stream import CallStream
 from hyfunc.serving.conversation import Conversation, read_conversation
 from hyfunc.serving.errors import APIError, bad_request
-from hyfunc.serving.library_cache import LibraryCache
+from hyfunc.serving.library_cache import LibraryCache, fingerprint
 from hyfunc.serving.library_jobs import LibraryJobs
 from hyfunc.serving.metrics import ServerMetrics
 from hyfunc.serving.protocol import ChatCompletionRequest
@@ -78,6 +79,9 @@ class ServeConfig:
     ready_max_wait: float = 30.0  # seconds the oldest queued request may wait; then /health/ready is degraded
     # New libraries embedded at once off the request path (library_jobs.py); 0: on the request path.
     library_jobs: int = 2
+    # Requests run together, their model steps batched (worker.py, models/step_batcher.py): cascade
+    # requests on llama.cpp over the same library already held. 1: one request at a time.
+    batch: int = 1
     library_job_grace: float = 60.0  # seconds past its Retry-After that a job waits for its client
 
 
@@ -139,6 +143,19 @@ def model_names(method: Any) -> dict[str, str]:
     return {"method": method.name, "model": text_backend(method).name}
 
 
+def _enable_batching(method: Any, metrics: ServerMetrics) -> bool:
+    """Switch step batching on in a cascade whose two models run on llama.cpp; False for any other
+    method (its state is not per request, so its requests keep running alone)."""
+    from hyfunc.methods.cascade import HyFuncMethod
+
+    if not isinstance(method, HyFuncMethod) or not all(hasattr(b, "enable_batching") for b in (method.large, method.small)):
+        return False
+    for backend in (method.large, method.small):
+        steps = metrics.engine_steps
+        backend.enable_batching(lambda n, name=backend.name: steps.labels(model=name, sequences=str(n)).inc())
+    return True
+
+
 class ChatService:
     def __init__(
         self,
@@ -162,13 +179,25 @@ class ChatService:
             worker.submit_background, worker.mean_service_seconds, config.library_jobs, config.library_job_grace,
             metrics, self._job_failed,
         )
-        self._text_caches: dict[int, PrefixCache] = {}
+        self._text_caches: dict[tuple[int, int], PrefixCache] = {}  # (model, thread): batched requests run side by side
+        self._library_lock = threading.Lock()  # a library state is chosen (or built) by one request at a time
+        self._batchable = {path for path, method in self.methods.items() if config.batch > 1 and _enable_batching(method, metrics)}
         first = next(iter(self.methods.values()))
         backend = text_backend(first)
         # A copy for counting tokens in the event loop while the worker uses the original: a fast
         # tokenizer raises "Already borrowed" when one instance is used by two threads at once.
         self._tokenizer = copy.deepcopy(backend.tokenizer)
         self.context_tokens = config.context_tokens or backend.context_length
+
+    def batch_group(self, prepared: Prepared, path: str) -> tuple[str, str] | None:
+        """Which requests this one may run beside (see worker.py): those of the same batchable
+        cascade over the same tool library, already held (so none of them builds it), under `auto`;
+        None: it runs alone."""
+        if path not in self._batchable or not prepared.tools or prepared.choice != "auto":
+            return None
+        if not self.library.holds(self.methods[path], prepared.tools):
+            return None
+        return path, fingerprint(prepared.tools)
 
     def model_ids(self) -> list[str]:
         return [self.config.served_model] + [m.name for m in self.methods.values() if m.name != self.config.served_model]
@@ -339,7 +368,8 @@ class ChatService:
         if tools and prepared.choice != "none":
             offered = [t for t in tools if t.name == prepared.named] if prepared.named else tools
             if not prepared.named:  # a named choice is a one-tool library: not worth caching
-                reused, seconds = self.library.select(method, offered)
+                with self._library_lock:
+                    reused, seconds = self.library.select(method, offered)
                 if seconds:
                     timings["library_build"] = seconds
             # Under auto, calls already made and answered are not made again (an agent would loop).
@@ -427,12 +457,13 @@ class ChatService:
         return [], [], FALLBACK_TEXT, "stop"
 
     def _text_cache(self, backend: Any) -> PrefixCache:
-        """One prefix cache per model for text replies: what a reply's prompt shares with the
-        previous reply's (the system prompt and hint; in an agent loop, the whole earlier
-        conversation) is not run again."""
-        if id(backend) not in self._text_caches:
-            self._text_caches[id(backend)] = PrefixCache(backend)
-        return self._text_caches[id(backend)]
+        """One prefix cache per model (and worker thread) for text replies: what a reply's prompt
+        shares with the previous reply's (the system prompt and hint; in an agent loop, the whole
+        earlier conversation) is not run again."""
+        key = (id(backend), threading.get_ident())
+        if key not in self._text_caches:
+            self._text_caches[key] = PrefixCache(backend)
+        return self._text_caches[key]
 
     @staticmethod
     def _forced_tools(offered: list[Tool], result: Answer) -> list[Tool]:

@@ -1,7 +1,11 @@
-"""The model worker: one thread runs the models, fed by a bounded queue.
+"""The model worker: threads that run the models, fed by a bounded queue.
 
-The models are not thread-safe (a Backend's KV caches, the cascade's library state, the direct
-method's prefix cache), so exactly one request runs at a time and KV caches never interleave.
+The models are not thread-safe in general (a Backend's KV caches, the cascade's library state, the
+direct method's prefix cache), so by default exactly one request runs at a time. With `batch` > 1,
+requests submitted with the same `group` (the service gives one to cascade requests on llama.cpp
+over a library already held: models/step_batcher.py merges their steps) run together, up to
+`batch` at once; anything else (no group, another group, background work) runs alone, in order of
+arrival: a request never overtakes an earlier one that waits for the group to finish.
 Admission is decided at once in the event loop: past `max_queue` waiting requests, `submit`
 raises `QueueFull` (the app answers 429 with Retry-After) instead of letting requests pile up.
 A request whose client left, or whose time limit passed, before it started is dropped unrun;
@@ -23,8 +27,9 @@ import math
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Hashable
 
+from hyfunc.models.step_batcher import request_thread
 from hyfunc.serving.metrics import ServerMetrics
 
 #: Weight of the newest request in the average service time (about the last ten count).
@@ -57,11 +62,17 @@ class Job:
 
 
 class ModelWorker:
-    def __init__(self, max_queue: int, metrics: ServerMetrics | None = None):
+    def __init__(self, max_queue: int, metrics: ServerMetrics | None = None, batch: int = 1):
         self.max_queue = max_queue
         self.metrics = metrics
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hyfunc-model")
+        self.batch = max(1, batch)
+        self._executor = ThreadPoolExecutor(max_workers=self.batch, thread_name_prefix="hyfunc-model")
         self._lock = threading.Lock()
+        self._admission = threading.Condition(self._lock)
+        self._tickets = 0  # order of submission
+        self._waiting_tickets: set[int] = set()  # picked by a thread, waiting to be admitted
+        self._group: Hashable | None = None  # of the jobs running together
+        self._group_size = 0
         self._pending = 0  # queued + running
         self._running = 0
         self._service_seconds: float | None = None  # average time a request held the worker
@@ -97,8 +108,8 @@ class ModelWorker:
             old = self._service_seconds
             self._service_seconds = seconds if old is None else old + SERVICE_TIME_WEIGHT * (seconds - old)
 
-    def submit(self, fn: Callable[[Job], Any], timeout: float) -> Job:
-        """Queue `fn(job)` on the model thread, or raise QueueFull."""
+    def submit(self, fn: Callable[[Job], Any], timeout: float, group: Hashable | None = None) -> Job:
+        """Queue `fn(job)` on a model thread, or raise QueueFull. `group`: see the module docstring."""
         with self._lock:
             if self._pending >= 1 + self.max_queue:
                 if self.metrics:
@@ -107,23 +118,29 @@ class ModelWorker:
             self._pending += 1
             job = Job(time.monotonic() + timeout)
             self._queued[job] = None
+            ticket = self._ticket()
 
         def run() -> Any:
-            self._dequeue(job)
-            if job.should_stop():
-                raise Cancelled("given up before it started")
-            job.started = time.monotonic()
-            with self._lock:
-                self._running += 1
-            self._gauges()
-            if self.metrics:
-                self.metrics.queue_time.observe(job.started - job.submitted)
+            self._admit(ticket, group)
             try:
-                return fn(job)
-            finally:
-                self._observe(time.monotonic() - job.started)
+                self._dequeue(job)
+                if job.should_stop():
+                    raise Cancelled("given up before it started")
+                job.started = time.monotonic()
                 with self._lock:
-                    self._running -= 1
+                    self._running += 1
+                self._gauges()
+                if self.metrics:
+                    self.metrics.queue_time.observe(job.started - job.submitted)
+                try:
+                    with request_thread():
+                        return fn(job)
+                finally:
+                    self._observe(time.monotonic() - job.started)
+                    with self._lock:
+                        self._running -= 1
+            finally:
+                self._leave()
 
         job.future = self._executor.submit(run)
         job.future.add_done_callback(lambda _: self._done(job))
@@ -131,12 +148,47 @@ class ModelWorker:
         return job
 
     def submit_background(self, fn: Callable[[], None]) -> bool:
-        """Queue `fn()` behind the requests already waiting; False once shutting down (not run)."""
+        """Queue `fn()` behind the requests already waiting, to run alone; False once shutting down (not run)."""
         with self._lock:
             if self._closing:
                 return False
-            self._executor.submit(lambda: None if self._closing else fn())
+            ticket = self._ticket()
+
+            def run() -> None:
+                self._admit(ticket, None)
+                try:
+                    if not self._closing:
+                        fn()
+                finally:
+                    self._leave()
+
+            self._executor.submit(run)
             return True
+
+    # -- admission: who runs beside whom ---------------------------------------------------
+    def _ticket(self) -> int:
+        self._tickets += 1
+        return self._tickets
+
+    def _admit(self, ticket: int, group: Hashable | None) -> None:
+        """Block until this job may start: nothing runs, or its group runs with room to spare, and
+        no earlier job is still waiting."""
+        with self._admission:
+            self._waiting_tickets.add(ticket)
+            while not (min(self._waiting_tickets) == ticket and (
+                    self._group_size == 0
+                    or (group is not None and group == self._group and self._group_size < self.batch))):
+                self._admission.wait()
+            self._waiting_tickets.discard(ticket)
+            self._group, self._group_size = group, self._group_size + 1
+            self._admission.notify_all()  # the next in line may join the same group
+
+    def _leave(self) -> None:
+        with self._admission:
+            self._group_size -= 1
+            if self._group_size == 0:
+                self._group = None
+            self._admission.notify_all()
 
     def _dequeue(self, job: Job) -> None:
         with self._lock:
