@@ -9,6 +9,8 @@ environment variable HYFUNC_TEST_SERVE (JSON) chooses the method and the server'
 - ``"method": "direct"``: direct prompting with the tiny model (answers are random text);
 - ``"slow": seconds``: each answer waits that long first (the queue tests need a busy worker);
 - ``"library": true``: the cascade has a library retriever (reads libraries over 128 tools per function);
+- ``"engine": "llamacpp"``: the cascade's two models are the real SmolLM2-135M GGUF on llama.cpp
+  (random retriever and projector), as `--batch` needs;
 - ``"HYFUNC_HOME": path``: the server's own home (its disk caches);
 - any other key is a `ServeConfig` field (max_queue, api_key, max_body_bytes, ...).
 """
@@ -27,8 +29,9 @@ from tests.tiny_models import tiny_backend
 SMALL_HIDDEN, LARGE_HIDDEN = 32, 48
 
 
-def tiny_cascade(refuse: bool = False, library: bool = False) -> Any:
-    """`library`: with a library retriever, so that libraries over 128 tools are read per function."""
+def tiny_cascade(refuse: bool = False, library: bool = False, engine: str = "transformers") -> Any:
+    """`library`: with a library retriever, so that libraries over 128 tools are read per function.
+    `engine` "llamacpp": SmolLM2-135M on llama.cpp as both models instead of tiny random ones."""
     from hyfunc.methods.cascade import HyFuncMethod
     from hyfunc.cascade.retriever import Retriever, RetrieverConfig
     from hyfunc.cascade.small_model import SoftTokenProjector
@@ -36,6 +39,13 @@ def tiny_cascade(refuse: bool = False, library: bool = False) -> Any:
     import torch
 
     torch.manual_seed(3)
+    if engine == "llamacpp":
+        from hyfunc.models.llamacpp import LlamaCppBackend
+
+        large, small = LlamaCppBackend("smollm2-135m", n_ctx=8192), LlamaCppBackend("smollm2-135m", n_ctx=8192)
+        hidden = large.hidden_size
+        config = RetrieverConfig(query_dim=hidden, function_dim=hidden, proj_dim=8, threshold=-1.0, top_k=2, refusal_threshold=-1.0)
+        return HyFuncMethod(large, small, Retriever(config).eval(), SoftTokenProjector(hidden, hidden))
     # threshold -1: every tool scores above it (cosines are >= -1); refusal above any cosine: refuse all.
     config = RetrieverConfig(query_dim=LARGE_HIDDEN, function_dim=LARGE_HIDDEN, proj_dim=8, threshold=-1.0, top_k=3,
                              refusal_threshold=2.0 if refuse else -1.0)
@@ -70,7 +80,7 @@ def create() -> FastAPI:
     if "HYFUNC_HOME" in settings:
         os.environ["HYFUNC_HOME"] = settings.pop("HYFUNC_HOME")
     if kind == "cascade":
-        method = tiny_cascade(refuse, library=settings.pop("library", False))
+        method = tiny_cascade(refuse, library=settings.pop("library", False), engine=settings.pop("engine", "transformers"))
     else:
         from hyfunc.methods.direct import DirectMethod
 

@@ -142,3 +142,38 @@ def test_batched_llamacpp_steps_equal_each_request_alone() -> None:
     for mine, theirs in zip(together, alone):
         cosines = torch.nn.functional.cosine_similarity(torch.stack(mine[1:]), torch.stack(theirs[1:]), dim=-1)
         assert len(cosines) == 8 and cosines.min() > 0.99
+
+
+@pytest.mark.integration
+def test_a_batched_server_answers_concurrent_requests_in_shared_steps() -> None:
+    """`hyfunc serve --batch 2`'s code path (a real uvicorn process, the cascade on llama.cpp): concurrent
+    requests over the same library all get their calls, and their steps shared engine calls."""
+    import httpx
+    import openai
+
+    from hyfunc.models.llamacpp import llama_cpp_available
+    from tests.serve_process import running_server
+    from tests.test_serve_sdk import TOOLS
+
+    if not llama_cpp_available():
+        pytest.skip("llama-cpp-python is not installed (make llamacpp)")
+    with running_server({"method": "cascade", "engine": "llamacpp", "batch": 2}) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+
+        def ask(city: str) -> list:
+            reply = client.chat.completions.create(model="hyfunc", tools=TOOLS, messages=[
+                {"role": "user", "content": f"What's the weather in {city}?"}])
+            return reply.choices[0].message.tool_calls or []
+
+        assert ask("Lisbon")  # the library is built by this first request, alone
+        results: list[list] = []
+        threads = [threading.Thread(target=lambda c=city: results.append(ask(c))) for city in ("Oslo", "Rome", "Paris", "Bern")]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=300)
+        metrics = httpx.get(f"{url}/metrics").text
+    names = {t["function"]["name"] for t in TOOLS}
+    assert len(results) == 4 and all(calls and {c.function.name for c in calls} <= names for calls in results)
+    shared = [line for line in metrics.splitlines() if line.startswith("hyfunc:engine_steps_total") and 'sequences="2"' in line]
+    assert shared and all(float(line.rsplit(" ", 1)[1]) >= 1 for line in shared)
