@@ -65,6 +65,15 @@ def test_an_engine_error_reaches_every_step_of_its_call() -> None:
         batcher.submit("another")
 
 
+def test_serve_takes_a_batch_of_1_to_4(capsys: pytest.CaptureFixture[str]) -> None:
+    from hyfunc.cli.parsers import build_parser
+
+    assert build_parser().parse_args(["serve", "--batch", "4"]).batch == 4
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--batch", "5"])
+    assert "not between 1 and 4" in capsys.readouterr().err
+
+
 def test_the_worker_runs_a_group_together_and_everything_else_alone_in_order() -> None:
     worker = ModelWorker(max_queue=8, batch=2)
     events: list[str] = []

@@ -317,9 +317,9 @@ class HyFuncMethod:
 
     def _small_prefill(self, prompt: SmallPrompt, embeds: torch.Tensor) -> tuple[StepOutput, int]:
         """The small model's pass over its prompt. The token ids before the soft token go through
-        a prefix cache: what they share with the previous request's (the instruction always, the
-        tools too when the same ones were retrieved) is not run again (exact); the soft token and
-        the rest follow as embeddings."""
+        a prefix cache (one per thread): what they share with the previous request's on this thread
+        (the instruction always, the tools too when the same ones were retrieved) is not run again
+        (exact); the soft token and the rest follow as embeddings."""
         prefix = getattr(self._small_prefixes, "cache", None)
         if prefix is None:
             prefix = self._small_prefixes.cache = PrefixCache(self.small)

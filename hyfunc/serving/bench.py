@@ -121,6 +121,7 @@ async def _one(client: openai.AsyncOpenAI, model: str, tools: list[dict], reques
     ttft = first_argument = None
     fragments: dict[int, dict[str, str]] = {}
     text = ""
+    stream = None
     try:
         stream = await client.chat.completions.create(
             model=model, messages=[{"role": "user", "content": request.query}], tools=tools, stream=True,
@@ -142,9 +143,8 @@ async def _one(client: openai.AsyncOpenAI, model: str, tools: list[dict], reques
                         first_argument = time.perf_counter() - start
     except openai.APIStatusError as err:
         return Result(err.status_code, time.perf_counter() - start, None, error=None if err.status_code == 429 else str(err)[:200])
-    except openai.APIError as err:  # connection, timeout, or an error event in the stream
-        return Result(200 if isinstance(err, openai.APIResponseValidationError) else 0, time.perf_counter() - start,
-                      ttft, error=f"{type(err).__name__}: {err}"[:200])
+    except openai.APIError as err:  # connection, timeout, or an error event in a stream already answered 200
+        return Result(0 if stream is None else 200, time.perf_counter() - start, ttft, error=f"{type(err).__name__}: {err}"[:200])
     calls = _calls(fragments)
     return Result(200, time.perf_counter() - start, ttft, first_argument=first_argument,
                   exact=calls is not None and bool(fragments or not request.answers) and same_calls(calls, request.answers),

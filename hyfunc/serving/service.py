@@ -79,10 +79,10 @@ class ServeConfig:
     ready_max_wait: float = 30.0  # seconds the oldest queued request may wait; then /health/ready is degraded
     # New libraries embedded at once off the request path (library_jobs.py); 0: on the request path.
     library_jobs: int = 2
+    library_job_grace: float = 60.0  # seconds past its Retry-After that a job waits for its client
     # Requests run together, their model steps batched (worker.py, models/step_batcher.py): cascade
     # requests on llama.cpp over the same library already held. 1: one request at a time.
     batch: int = 1
-    library_job_grace: float = 60.0  # seconds past its Retry-After that a job waits for its client
 
 
 @dataclass
@@ -150,8 +150,8 @@ def _enable_batching(method: Any, metrics: ServerMetrics) -> bool:
 
     if not isinstance(method, HyFuncMethod) or not all(hasattr(b, "enable_batching") for b in (method.large, method.small)):
         return False
+    steps = metrics.engine_steps
     for backend in (method.large, method.small):
-        steps = metrics.engine_steps
         backend.enable_batching(lambda n, name=backend.name: steps.labels(model=name, sequences=str(n)).inc())
     return True
 
@@ -182,6 +182,8 @@ class ChatService:
         self._text_caches: dict[tuple[int, int], PrefixCache] = {}  # (model, thread): batched requests run side by side
         self._library_lock = threading.Lock()  # a library state is chosen (or built) by one request at a time
         self._batchable = {path for path, method in self.methods.items() if config.batch > 1 and _enable_batching(method, metrics)}
+        if config.batch > 1 and not self._batchable:
+            log.warning("--batch %d has no effect: only a cascade with both models on llama.cpp batches requests", config.batch)
         first = next(iter(self.methods.values()))
         backend = text_backend(first)
         # A copy for counting tokens in the event loop while the worker uses the original: a fast
