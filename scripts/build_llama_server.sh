@@ -10,9 +10,9 @@ trap 'rm -rf "$work"' EXIT
 tar -xzf "$work"/llama_cpp_python-*.tar.gz -C "$work"
 src=$(echo "$work"/llama_cpp_python-*/vendor/llama.cpp)
 here=$(cd "$(dirname "$0")" && pwd)
-# Static: one file to copy, independent of the venv's shared libraries. No curl: models are local files.
 log="$work/build.log"
-# Compiler output goes to a log, shown only when the build fails.
+# Static: one file to copy, independent of the venv's shared libraries. No curl: models are local files.
+# The compiler's output goes to a log, shown only when the build fails.
 if ! { cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF \
          -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON $("$python" "$here/ggml_cpu_flags.py") \
        && cmake --build "$work/build" --target llama-server -j "$(nproc)"; } >"$log" 2>&1; then
