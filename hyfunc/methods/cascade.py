@@ -176,6 +176,16 @@ class HyFuncMethod:
         self._library: LibraryCache | None = None
         self._per_function: PerFunctionLibrary | None = None
 
+    def enable_batching(self, on_run: Callable[[str, int], None]) -> bool:
+        """Let concurrent requests' steps share engine calls (models/step_batcher.py): only when both
+        models run on llama.cpp (its state per request, the prefix caches per thread); else False.
+        `on_run(model name, sequences)` is told each call's size."""
+        if not all(hasattr(b, "enable_batching") for b in (self.large, self.small)):
+            return False
+        for backend in (self.large, self.small):
+            backend.enable_batching(lambda n, name=backend.name: on_run(name, n))
+        return True
+
     def share_large_pass(self, other: HyFuncMethod) -> None:
         """Let `other` (another artifact with the same large model) reuse this cascade's pass per request."""
         if other.large is not self.large:

@@ -143,19 +143,6 @@ def model_names(method: Any) -> dict[str, str]:
     return {"method": method.name, "model": text_backend(method).name}
 
 
-def _enable_batching(method: Any, metrics: ServerMetrics) -> bool:
-    """Switch step batching on in a cascade whose two models run on llama.cpp; False for any other
-    method (its state is not per request, so its requests keep running alone)."""
-    from hyfunc.methods.cascade import HyFuncMethod
-
-    if not isinstance(method, HyFuncMethod) or not all(hasattr(b, "enable_batching") for b in (method.large, method.small)):
-        return False
-    steps = metrics.engine_steps
-    for backend in (method.large, method.small):
-        backend.enable_batching(lambda n, name=backend.name: steps.labels(model=name, sequences=str(n)).inc())
-    return True
-
-
 class ChatService:
     def __init__(
         self,
@@ -181,7 +168,9 @@ class ChatService:
         )
         self._text_caches: dict[tuple[int, int], PrefixCache] = {}  # (model, thread): batched requests run side by side
         self._library_lock = threading.Lock()  # a library state is chosen (or built) by one request at a time
-        self._batchable = {path for path, method in self.methods.items() if config.batch > 1 and _enable_batching(method, metrics)}
+        self._batchable = {path for path, method in self.methods.items() if config.batch > 1
+                           and getattr(method, "enable_batching", lambda on_run: False)(
+                               lambda model, n: metrics.engine_steps.labels(model=model, sequences=str(n)).inc())}
         if config.batch > 1 and not self._batchable:
             log.warning("--batch %d has no effect: only a cascade with both models on llama.cpp batches requests", config.batch)
         first = next(iter(self.methods.values()))
