@@ -13,6 +13,7 @@ from fastapi.testclient import TestClient
 from hyfunc.serving import ServeConfig, create_app
 from hyfunc.serving.conversation import read_conversation
 from hyfunc.serving.protocol import ChatCompletionRequest
+from hyfunc.serving.replies import with_results_reminder
 from tests.odia_fixtures import ListSink
 from tests.serve_app import tiny_cascade
 from tests.test_serve_sdk import ASK, TOOLS
@@ -51,6 +52,15 @@ def test_the_methods_read_the_whole_conversation_as_chat_messages() -> None:
     assert single.transcript() == "Weather in Paris?"
     chat = conv.chat_messages("hint")
     assert chat[0]["content"].endswith("hint") and chat[1:] == messages[1:]
+
+
+def test_a_reply_after_tool_results_is_asked_for_again_after_them() -> None:
+    pending = _conversation(HISTORY[:4]).chat_messages("hint")  # Paris's call answered, no text yet
+    asked = with_results_reminder(pending)
+    assert asked[:-1] == pending and asked[-1]["role"] == "user"
+    assert "(get_weather)" in asked[-1]["content"] and asked[-1]["content"].count("Weather in Paris?") == 1
+    # the earlier exchange's results are answered already: a new request gets no reminder
+    assert with_results_reminder(_conversation(HISTORY).chat_messages("hint")) == _conversation(HISTORY).chat_messages("hint")
 
 
 def test_calls_already_answered_are_known_and_old_turns_go_first() -> None:

@@ -3,8 +3,9 @@
 The conversations are fc-train's validation examples extended call -> result (`agent_steps.py`,
 "answer" steps only: every call made and answered); a result's key facts are its outcome's values
 (a number, a code, a date, list items). The reply is written as `hyfunc serve` writes it: the
-model's chat template over the conversation, the results hint in the system prompt, greedy, and a
-reply that opens like a call held back (`serving/replies.py`). A fact counts as told when it
+model's chat template over the conversation, the results hint in the system prompt and the request
+asked again after the results (`with_results_reminder`), greedy, and a reply that opens like a call
+held back (`serving/replies.py`). A fact counts as told when it
 appears in the reply, numbers also in another spelling (1234.0 as "1,234" or "1234").
 """
 from __future__ import annotations
@@ -23,7 +24,7 @@ from hyfunc.cascade.data import load_examples, split_examples
 from hyfunc.eval.plots import bars_per_source
 from hyfunc.eval.provenance import provenance, provenance_markdown
 from hyfunc.models.base import PrefixCache
-from hyfunc.serving.replies import ANSWER_FROM_RESULTS, write_text
+from hyfunc.serving.replies import ANSWER_FROM_RESULTS, with_results_reminder, write_text
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
@@ -59,7 +60,7 @@ def answer_facts(backend, steps: Sequence[AgentStep], max_tokens: int = 200, pro
     cache = PrefixCache(backend)
     records = []
     for step in tqdm(steps, desc="final answers", unit="conv", disable=not progress):
-        messages = [{"role": "system", "content": ANSWER_FROM_RESULTS}, *step.messages]
+        messages = with_results_reminder([{"role": "system", "content": ANSWER_FROM_RESULTS}, *step.messages])
         reply = write_text(backend, messages, max_tokens, prefix_cache=cache, hold_calls=True)
         told = [fact for fact in step.facts if fact_told(fact, reply.text)]
         records.append({

@@ -40,6 +40,22 @@ CALL_INSTRUCTION = (
 #: Joins the system prompt of a text reply written after tool results.
 ANSWER_FROM_RESULTS = "Answer the user's request in plain text, using the function results above."
 
+def with_results_reminder(messages: Sequence[dict]) -> list[dict]:
+    """`messages`, and when tool results follow the last user message, a user turn after them that
+    asks the request again and names the functions whose results the answer must use: asked only
+    in the system prompt, the 1.5B mostly repeats the last result alone (reports/final-answers/prompts)."""
+    users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
+    after = list(messages[users[-1] + 1 :]) if users else []
+    if not any(m.get("role") == "tool" for m in after):
+        return list(messages)
+    names = [c["function"]["name"] for m in after if m.get("role") == "assistant" for c in m.get("tool_calls") or []]
+    used = f" ({', '.join(dict.fromkeys(names))})" if names else ""
+    request = messages[users[-1]].get("content") or ""
+    reminder = (f"Using the function results above{used}, answer my request in plain text: {request}\n"
+                "Tell me every result I asked for, with its exact values.")
+    return [*messages, {"role": "user", "content": reminder}]
+
+
 #: How a chat model's reply opens when it writes a call instead of text (Qwen's `<tool_call>` tag
 #: is a special token, decoded away, which leaves the JSON).
 CALL_OPENERS = ('{"name"', '[{"name"', "<tool_call>")

@@ -40,7 +40,7 @@ from hyfunc.serving.library_cache import LibraryCache, fingerprint
 from hyfunc.serving.library_jobs import LibraryJobs
 from hyfunc.serving.metrics import ServerMetrics
 from hyfunc.serving.protocol import ChatCompletionRequest
-from hyfunc.serving.replies import ANSWER_FROM_RESULTS, FALLBACK_TEXT, CallWriter, write_text
+from hyfunc.serving.replies import ANSWER_FROM_RESULTS, FALLBACK_TEXT, CallWriter, with_results_reminder, write_text
 from hyfunc.serving.worker import ModelWorker
 
 log = logging.getLogger("hyfunc.serving")
@@ -399,10 +399,9 @@ class ChatService:
             finish = "stop"  # what OpenAI returns for a named tool_choice
         if not calls:
             backend = text_backend(method)
-            reply = write_text(
-                backend, conv.chat_messages(self._hint(prepared)), prepared.max_tokens, on_text, should_stop,
-                self._text_cache(backend), hold_calls=bool(tools),
-            )
+            messages = with_results_reminder(conv.chat_messages(self._hint(prepared)))
+            reply = write_text(backend, messages, prepared.max_tokens, on_text, should_stop, self._text_cache(backend),
+                               hold_calls=bool(tools))
             text, finish = reply.text, "length" if reply.truncated else "stop"
             if reply.call_text:
                 tool_calls, calls, text, finish = self._calls_in_reply(prepared, reply.call_text, on_call, on_text, notes)
