@@ -41,6 +41,7 @@ def main() -> int:
     parser.add_argument("--limit", type=int, default=90)
     parser.add_argument("--ablations", nargs="*", default=[], help="CascadeOptions switched off, one variant each (a+b: both off in one)")
     parser.add_argument("--small-path", action="store_true", help="also answer with the small path; report agreement")
+    parser.add_argument("--engine", default="auto", help="engine of both models (default auto)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
@@ -48,7 +49,7 @@ def main() -> int:
     _, val = split_examples(load_examples(args.data))
     callers = [ex for ex in val if ex.answers and ex.tools]
     requests = sample_by_pattern(callers, args.limit, args.seed) if args.limit < len(callers) else callers
-    main_method = HyFuncMethod.load(args.artifact)
+    main_method = HyFuncMethod.load(args.artifact, large_engine=args.engine, small_engine=args.engine)
     methods = {"hyfunc": main_method}
     for spec in args.ablations:  # a stage, or stages joined by '+' (one variant, all off)
         methods[f"hyfunc-no-{spec}"] = main_method.variant(CascadeOptions.without(*spec.split("+")), f"hyfunc-no-{spec}")

@@ -137,6 +137,11 @@ def test_variants_share_the_large_pass(data_file, tmp_path):
     assert second.details["ranking"] == first.details["ranking"]
     assert sorted(first.details["ranking"]) == sorted(t.name for t in tools)
     assert set(first.details["retrieved"]) <= set(first.details["ranking"])
+    # without the small model, the large model writes the calls on from its own (shared) pass
+    large_only = method.variant(CascadeOptions(retriever=False, small_model=False), "hyfunc-large-only")
+    written = large_only.answer(request, tools)
+    assert written.reused_seconds > 0 and "small_prefill" not in written.timings and written.timings["large_decode"] > 0
+    assert written.details["large_forward_passes"] > 0 and {c.name for c in written.calls} <= {t.name for t in tools}
     # another request is computed afresh
     assert variant.answer([{"role": "user", "content": "Book a table"}], tools).reused_seconds == 0.0
 

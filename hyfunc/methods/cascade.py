@@ -95,6 +95,10 @@ class CascadeOptions:
     # Another call where the request lists an alternative to a value the calls use ("copper and
     # aluminum") and no call uses it (templating/alternatives.py).
     alternatives: bool = True
+    # False: the large model writes the whole call list itself, continuing its pass over
+    # [instruction + tools + request] under the templating decoder (constrained to the retrieved
+    # tools), and the small model is not run: no small-model prefill of the retrieved tools.
+    small_model: bool = True
 
     @classmethod
     def without(cls, *stages: str) -> CascadeOptions:
@@ -169,6 +173,7 @@ class HyFuncMethod:
         if self.options.soft_token and self.projector is None:
             raise ValueError("the soft-token prefix needs a trained projector")
         self.decoder = TemplateDecoder(small)
+        self._large_decoder: TemplateDecoder | None = None  # built on first use (vocabulary tables)
         self._small_prefixes = threading.local()  # a PrefixCache per thread: batched requests run side by side
         self.name = name
         self.shared_pass = shared_pass
@@ -337,6 +342,24 @@ class HyFuncMethod:
         rest = embeds[len(prompt.before_ids):]
         return (self.small.forward(embeds=rest, cache=step.cache) if len(rest) else step), reused
 
+    def _large_writes(
+        self, answer: Answer, state: StepOutput, selected: list[Tool], request: str, on_text: Callable[[str], None] | None
+    ) -> Answer:
+        """The call list written by the large model from its own pass (`CascadeOptions.small_model`
+        off), on a fork of that pass's state."""
+        start = time.perf_counter()
+        if self._large_decoder is None:
+            self._large_decoder = TemplateDecoder(self.large)
+        step = StepOutput(state.logits, None, self.large.fork(state.cache))
+        out = self._large_decoder.decode(step, selected, require_call=self.options.retriever, draft_source=request,
+                                         on_text=on_text, alternatives=self.options.alternatives)
+        answer.timings["large_decode"] = time.perf_counter() - start
+        answer.calls, answer.raw_text = out.calls, out.text
+        answer.output_tokens, answer.injected_tokens = out.generated_tokens, out.injected_tokens
+        answer.details["large_forward_passes"] = out.forward_calls
+        answer.details["accepted_draft_tokens"] = out.accepted_draft_tokens
+        return answer
+
     def answer(
         self, messages: Sequence[dict], tools: Sequence[Tool], on_text: Callable[[str], None] | None = None
     ) -> Answer:
@@ -411,6 +434,8 @@ class HyFuncMethod:
                 on_text(calls_text([]))
             return answer  # no tool fits: the small model is not run
 
+        if not self.options.small_model and self.options.templating and encoding.state is not None:
+            return self._large_writes(answer, encoding.state, selected, request, on_text)
         start = time.perf_counter()
         soft = encoding.soft_token if self.options.soft_token else None
         prompt = build_small_prompt(self.small, request, selected, with_soft_token=soft is not None)
