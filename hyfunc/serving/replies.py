@@ -6,7 +6,7 @@
   templating decoder writes a schema-valid call to one of the offered tools, and must write one.
 
 What a text reply reuses: it is written by the large model from a plain chat prompt (system,
-hint, the conversation's turns), through a `PrefixCache` kept per model, so what the prompt shares
+hint, the conversation's turns; after tool results, the request asked again), through a `PrefixCache` kept per model, so what the prompt shares
 with the previous text reply's is not run again: the system prompt and hint (the same for
 requests on the same tools) and, in an agent loop where each request extends the last one, the
 whole earlier conversation. The cascade's own pass over [instruction + tools + request] is NOT
@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from hyfunc.formats.calls import Call
+from hyfunc.formats.messages import content_text
 from hyfunc.formats.schema import Tool
 from hyfunc.models.base import PrefixCache
 
@@ -40,6 +41,7 @@ CALL_INSTRUCTION = (
 #: Joins the system prompt of a text reply written after tool results.
 ANSWER_FROM_RESULTS = "Answer the user's request in plain text, using the function results above."
 
+
 def with_results_reminder(messages: Sequence[dict]) -> list[dict]:
     """`messages`, and when tool results follow the last user message, a user turn after them that
     asks the request again and names the functions whose results the answer must use: asked only
@@ -50,7 +52,7 @@ def with_results_reminder(messages: Sequence[dict]) -> list[dict]:
         return list(messages)
     names = [c["function"]["name"] for m in after if m.get("role") == "assistant" for c in m.get("tool_calls") or []]
     used = f" ({', '.join(dict.fromkeys(names))})" if names else ""
-    request = messages[users[-1]].get("content") or ""
+    request = content_text(messages[users[-1]].get("content"))
     reminder = (f"Using the function results above{used}, answer my request in plain text: {request}\n"
                 "Tell me every result I asked for, with its exact values.")
     return [*messages, {"role": "user", "content": reminder}]
