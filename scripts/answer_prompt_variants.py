@@ -7,7 +7,8 @@ side by side on the same conversations: the share of replies that tell every res
 Variants (the conversation is always rendered by the model's chat template, calls and results included):
   system     the hint in the system prompt (as served until this experiment)
   restated   the hint in the system prompt, and the request asked again after the results, as a
-             user turn that names every result to use
+             user turn that names the functions whose results to use (`with_results_reminder`,
+             adopted: reports/final-answers/prompts)
 """
 from __future__ import annotations
 
