@@ -57,7 +57,7 @@ from hyfunc.cascade.small_model import (
     prompt_embeds,
 )
 from hyfunc.cascade.soft_token import Encoding, LibraryCache, SoftTokenEncoder
-from hyfunc.cascade.templating import TemplateDecoder
+from hyfunc.cascade.templating import TemplateDecoder, TemplatedOutput
 from hyfunc.errors import InputError
 from hyfunc.formats.calls import CallParseError, parse_calls
 from hyfunc.formats.messages import conversation_text, ends_with_tool_results
@@ -140,6 +140,15 @@ class SharedLargePass:
             return self._encoding, True
         self._key, self._encoding = key, encoder.encode(messages, source)
         return self._encoding, False
+
+
+def _with_decoded(answer: Answer, out: TemplatedOutput, passes: str) -> Answer:
+    """`answer` with the templating decoder's calls and counts (`passes`: whose forward passes)."""
+    answer.calls, answer.raw_text = out.calls, out.text
+    answer.output_tokens, answer.injected_tokens = out.generated_tokens, out.injected_tokens
+    answer.details[passes] = out.forward_calls
+    answer.details["accepted_draft_tokens"] = out.accepted_draft_tokens
+    return answer
 
 
 def _request_text(messages: Sequence[dict]) -> str:
@@ -354,11 +363,7 @@ class HyFuncMethod:
         out = self._large_decoder.decode(step, selected, require_call=self.options.retriever, draft_source=request,
                                          on_text=on_text, alternatives=self.options.alternatives)
         answer.timings["large_decode"] = time.perf_counter() - start
-        answer.calls, answer.raw_text = out.calls, out.text
-        answer.output_tokens, answer.injected_tokens = out.generated_tokens, out.injected_tokens
-        answer.details["large_forward_passes"] = out.forward_calls
-        answer.details["accepted_draft_tokens"] = out.accepted_draft_tokens
-        return answer
+        return _with_decoded(answer, out, "large_forward_passes")
 
     def answer(
         self, messages: Sequence[dict], tools: Sequence[Tool], on_text: Callable[[str], None] | None = None
@@ -466,11 +471,7 @@ class HyFuncMethod:
                 timings["large_values"] = writer.seconds
                 answer.details["large_values"] = {"values": writer.values, "tokens": writer.tokens,
                                                   "passes": writer.passes, "drafted": writer.drafted}
-            answer.calls, answer.raw_text = out.calls, out.text
-            answer.output_tokens, answer.injected_tokens = out.generated_tokens, out.injected_tokens
-            answer.details["small_forward_passes"] = out.forward_calls
-            answer.details["accepted_draft_tokens"] = out.accepted_draft_tokens
-            return answer
+            return _with_decoded(answer, out, "small_forward_passes")
         # Ablation: the small model writes the whole call text itself.
         gen = self.small.generate(embeds=embeds, max_new_tokens=256)
         timings["small_prefill"], timings["small_decode"] = gen.prefill_seconds, gen.decode_seconds

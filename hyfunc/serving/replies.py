@@ -27,6 +27,7 @@ from hyfunc.formats.calls import Call
 from hyfunc.formats.messages import content_text
 from hyfunc.formats.schema import Tool
 from hyfunc.models.base import PrefixCache
+from hyfunc.serving.conversation import Conversation
 
 #: Said when the model's reply is empty: an empty assistant message makes agents loop.
 FALLBACK_TEXT = "I cannot help with this request using the available tools."
@@ -56,6 +57,22 @@ def with_results_reminder(messages: Sequence[dict]) -> list[dict]:
     reminder = (f"Using the function results above{used}, answer my request in plain text: {request}\n"
                 "Tell me every result I asked for, with its exact values.")
     return [*messages, {"role": "user", "content": reminder}]
+
+
+def reply_messages(conversation: Conversation, tools: Sequence[Tool], choice: str) -> list[dict]:
+    """The chat messages a text reply is written from: the conversation, a hint for the case in
+    the system prompt (tools offered but `tool_choice` none, tool results to answer from, or no
+    offered tool fits), and after tool results the request asked again (`with_results_reminder`)."""
+    hint = ""
+    if tools and choice == "none":
+        hint = "Answer in plain text, without calling any function."
+    elif tools and any(t.role == "tool" for t in conversation.turns[conversation.current :]):
+        hint = ANSWER_FROM_RESULTS
+    elif tools:
+        names = f"({', '.join(t.name for t in tools)}) " if len(tools) <= 20 else ""
+        hint = (f"None of the {len(tools)} available functions {names}fits this request: answer the user directly "
+                "in plain text, without calling any function.")
+    return with_results_reminder(conversation.chat_messages(hint))
 
 
 #: How a chat model's reply opens when it writes a call instead of text (Qwen's `<tool_call>` tag

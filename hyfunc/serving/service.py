@@ -40,7 +40,7 @@ from hyfunc.serving.library_cache import LibraryCache, fingerprint
 from hyfunc.serving.library_jobs import LibraryJobs
 from hyfunc.serving.metrics import ServerMetrics
 from hyfunc.serving.protocol import ChatCompletionRequest
-from hyfunc.serving.replies import ANSWER_FROM_RESULTS, FALLBACK_TEXT, CallWriter, with_results_reminder, write_text
+from hyfunc.serving.replies import FALLBACK_TEXT, CallWriter, reply_messages, write_text
 from hyfunc.serving.worker import ModelWorker
 
 log = logging.getLogger("hyfunc.serving")
@@ -399,7 +399,7 @@ class ChatService:
             finish = "stop"  # what OpenAI returns for a named tool_choice
         if not calls:
             backend = text_backend(method)
-            messages = with_results_reminder(conv.chat_messages(self._hint(prepared)))
+            messages = reply_messages(conv, tools, prepared.choice)
             reply = write_text(backend, messages, prepared.max_tokens, on_text, should_stop, self._text_cache(backend),
                                hold_calls=bool(tools))
             text, finish = reply.text, "length" if reply.truncated else "stop"
@@ -464,20 +464,6 @@ class ChatService:
         by_name = {t.name: t for t in offered}
         ranked = [by_name[n] for n in result.details.get("ranking", []) if n in by_name]
         return (ranked or offered)[:FORCED_FROM_LIBRARY]
-
-    def _hint(self, prepared: Prepared) -> str:
-        if not prepared.tools:
-            return ""
-        if prepared.choice == "none":
-            return "Answer in plain text, without calling any function."
-        if any(t.role == "tool" for t in prepared.conversation.turns[prepared.conversation.current :]):
-            return ANSWER_FROM_RESULTS
-        n = len(prepared.tools)
-        names = f"({', '.join(t.name for t in prepared.tools)}) " if n <= 20 else ""
-        return (
-            f"None of the {n} available functions {names}fits this request: answer the user directly in plain "
-            "text, without calling any function."
-        )
 
     def _record(self, prepared: Prepared, outcome: Outcome, calls: list[Call], method: Any, error: str | None) -> None:
         """Hand the outcome to the traffic log; a failing sink never fails the request."""
