@@ -2,7 +2,7 @@
 tokens of the same agent conversations: how far does the engine move its decisions?
 
     hyfunc prepare --next-step-only --out COPY_OF_CASCADE --engine llamacpp --report DIR   # caches the soft tokens
-    python scripts/next_step_engine_shift.py --soft-tokens $HYFUNC_HOME/next-step-cache/next-step-<key>.safetensors
+    python scripts/next_step_engine_shift.py --soft-tokens $HYFUNC_HOME/next-step-cache/soft-tokens-<engine key>.safetensors
 
 The conversations are rebuilt exactly as `hyfunc prepare` builds them (`agent_steps`, same data, per
 source and seed); the head saw them in training (as transformers states), so this measures the
@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from hyfunc.cascade.agent_steps import ANSWER, agent_steps
 from hyfunc.cascade.data import load_examples
 from hyfunc.cascade.next_step import NEXT_STEP_DIR, NextStepHead
-from hyfunc.cascade.next_step_training import source_figures
+from hyfunc.cascade.next_step_training import source_figures, step_key
 from hyfunc.data import FC_TRAIN
 from hyfunc.methods.cascade import DEFAULT_ARTIFACT
 
@@ -32,9 +32,11 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     steps = agent_steps(load_examples([str(FC_TRAIN)]), args.per_source, args.seed)
-    soft = load_file(args.soft_tokens)["soft_tokens"]
-    if len(soft) != len(steps):
-        raise SystemExit(f"{len(soft)} soft tokens for {len(steps)} conversations: another data set or --per-source")
+    cached = load_file(args.soft_tokens)
+    missing = [s.id for s in steps if step_key(s) not in cached]
+    if missing:
+        raise SystemExit(f"{len(missing)} of {len(steps)} conversations not in the cache: another data set or --per-source")
+    soft = torch.stack([cached[step_key(s)] for s in steps])
     head = NextStepHead.load(f"{args.artifact}/{NEXT_STEP_DIR}")
     answers = torch.tensor([s.label == ANSWER for s in steps])
     sources = [s.source for s in steps]

@@ -8,6 +8,10 @@ calls but no results, so the conversations are extended call -> plausible result
 - only the first k of n calls made and answered                                -> "call"
 - two requests of one source joined into one ("... Also, ..."), their tools
   offered together: after the first request's calls -> "call", after both -> "answer"
+- chained (optional): two requests joined where the second one's value is one the first call
+  returns ("... Then book a table at the restaurant id it returns."): before any call, only the
+  first request's calls are due ("call", an opening step: no result yet); after their results,
+  whose one holds the value, the second call with that value ("call"); after both, "answer"
 
 Results are synthesized from the call (its arguments and an outcome), as JSON or prose, so the
 decision is learned from what was asked and what was done, not from any result's wording.
@@ -25,6 +29,9 @@ from hyfunc.formats.schema import Tool
 
 ANSWER, CALL = "answer", "call"
 JOINERS = (" Also, ", " After that, ", "\n", " And ")
+CHAIN_JOINERS = (" Then ", " After that, ", " Once you have it, ", "\n")
+# How the second request names the value the first call returns ({} = its parameter in words).
+REFERENCES = ("the {} it returns", "the {} from that", "the resulting {}", "that {}", "the {} you get")
 
 
 @dataclass
@@ -38,6 +45,12 @@ class AgentStep:
     label: str  # ANSWER | CALL
     remaining: list[dict] = field(default_factory=list)  # the calls still to make (CALL)
     facts: list[str] = field(default_factory=list)  # the results' outcomes: what an answer must tell
+    origin: tuple[str, ...] = ()  # the ids of the examples it was built from
+
+    @property
+    def after_results(self) -> bool:
+        """False for an opening step (the request alone, no call made yet)."""
+        return bool(self.messages) and self.messages[-1].get("role") == "tool"
 
 
 def _words(name: str) -> str:
@@ -65,28 +78,34 @@ def _facts(outcome: object) -> list[str]:
     return [str(v) for v in values]
 
 
-def tool_result(call: dict, rng: random.Random) -> tuple[str, list[str]]:
+def tool_result(call: dict, rng: random.Random, returned: dict | None = None) -> tuple[str, list[str]]:
     """A plausible result of `call` ({"name", "arguments"}), as JSON or as a sentence, and its
-    key facts (the outcome's values)."""
+    key facts (the outcome's values). `returned`: key -> value the result must also hold (a
+    chained step's value)."""
     arguments = call.get("arguments") or {}
     outcome = _outcome(call, rng)
+    returned = returned or {}
     style = rng.randrange(3)
     if style == 0:
-        return json.dumps({"status": "success", **arguments, "result": outcome}, ensure_ascii=False), _facts(outcome)
+        text = json.dumps({"status": "success", **arguments, "result": outcome, **returned}, ensure_ascii=False)
+        return text, _facts(outcome)
     if style == 1:
-        return json.dumps({"result": outcome}, ensure_ascii=False), _facts(outcome)
+        return json.dumps({"result": outcome, **returned}, ensure_ascii=False), _facts(outcome)
     shown = ", ".join(f"{k} {v}" for k, v in list(arguments.items())[:3])
     outcome_text = outcome if isinstance(outcome, str) else json.dumps(outcome, ensure_ascii=False)
-    return f"{_words(call['name']).capitalize()}{' for ' + shown if shown else ''}: {outcome_text}.", _facts(outcome)
+    extra = "".join(f"; {_words(k)}: {v}" for k, v in returned.items())
+    return f"{_words(call['name']).capitalize()}{' for ' + shown if shown else ''}: {outcome_text}{extra}.", _facts(outcome)
 
 
-def _call_turns(calls: Sequence[dict], prefix: str, rng: random.Random, together: bool) -> tuple[list[dict], list[str]]:
+def _call_turns(calls: Sequence[dict], prefix: str, rng: random.Random, together: bool,
+                returned: dict | None = None) -> tuple[list[dict], list[str]]:
     """The assistant's calls and their results (all calls in one turn then their results, or one
-    call and its result at a time), and the results' key facts."""
+    call and its result at a time), and the results' key facts. `returned` goes into the last
+    call's result."""
     ids = [f"call_{prefix}_{i}" for i in range(len(calls))]
     wire = [{"id": i, "type": "function", "function": {"name": c["name"], "arguments": c.get("arguments") or {}}}
             for i, c in zip(ids, calls)]
-    made = [tool_result(c, rng) for c in calls]
+    made = [tool_result(c, rng, returned if i == len(calls) - 1 else None) for i, c in enumerate(calls)]
     results = [{"role": "tool", "tool_call_id": i, "content": text} for i, (text, _) in zip(ids, made)]
     facts = [fact for _, found in made for fact in found]
     if together:
@@ -103,12 +122,13 @@ def _steps_of(example: Example, rng: random.Random) -> Iterable[AgentStep]:
     user = {"role": "user", "content": example.query}
     together = rng.random() < 0.5
     turns, facts = _call_turns(calls, "a", rng, together)
-    yield AgentStep(example.id, example.source, [user, *turns], list(example.tools), ANSWER, facts=facts)
+    yield AgentStep(example.id, example.source, [user, *turns], list(example.tools), ANSWER, facts=facts,
+                    origin=(example.id,))
     if len(calls) > 1:
         k = rng.randint(1, len(calls) - 1)
         done, facts = _call_turns(calls[:k], "p", rng, together)
         yield AgentStep(f"{example.id}:first{k}", example.source, [user, *done], list(example.tools), CALL, calls[k:],
-                        facts)
+                        facts, origin=(example.id,))
 
 
 def _joined(first: Example, second: Example, rng: random.Random) -> Iterable[AgentStep]:
@@ -119,9 +139,77 @@ def _joined(first: Example, second: Example, rng: random.Random) -> Iterable[Age
     together = rng.random() < 0.5
     head, head_facts = _call_turns(_calls(first), "j1", rng, together)
     rid = f"{first.id}+{second.id}"
-    yield AgentStep(f"{rid}:first", first.source, [user, *head], tools, CALL, _calls(second), head_facts)
+    origin = (first.id, second.id)
+    yield AgentStep(f"{rid}:first", first.source, [user, *head], tools, CALL, _calls(second), head_facts, origin)
     tail, tail_facts = _call_turns(_calls(second), "j2", rng, together)
-    yield AgentStep(rid, first.source, [user, *head, *tail], tools, ANSWER, facts=head_facts + tail_facts)
+    yield AgentStep(rid, first.source, [user, *head, *tail], tools, ANSWER, facts=head_facts + tail_facts, origin=origin)
+
+
+def _returned_value(example: Example) -> tuple[str, str] | None:
+    """(parameter, value) of a single-call example whose request states a string value verbatim,
+    once (at least 3 characters): the value a chained request can leave to an earlier call instead."""
+    if len(example.answers) != 1:
+        return None
+    for key, value in example.answers[0].arguments.items():
+        if isinstance(value, str) and len(value.strip()) >= 3 and len(_mentions(value, example.query)) == 1:
+            return key, value
+    return None
+
+
+def _mentions(value: str, text: str) -> list[re.Match]:
+    """Where `value` stands in `text` as a whole (not inside a longer word), any case."""
+    return list(re.finditer(rf"(?<!\w){re.escape(value)}(?!\w)", text, re.IGNORECASE))
+
+
+def _chained(first: Example, second: Example, key: str, value: str, rng: random.Random) -> list[AgentStep]:
+    """The second request's `value` replaced by a reference to what the first call returns."""
+    [at] = _mentions(value, second.query)
+    reference = rng.choice(REFERENCES).format(_words(key))
+    rest = second.query[:at.start()] + reference + second.query[at.end():]
+    joiner = rng.choice(CHAIN_JOINERS)
+    if not joiner.endswith("\n") and rest[:2].istitle():  # "Then book ...", not "Then Book ..." (nor "Then iPhone")
+        rest = rest[0].lower() + rest[1:]
+    query = first.query.rstrip() + joiner + rest
+    user = {"role": "user", "content": query}
+    tools = list(first.tools) + list(second.tools)
+    together = rng.random() < 0.5
+    head, head_facts = _call_turns(_calls(first), "c1", rng, together, returned={key: value})
+    tail, tail_facts = _call_turns(_calls(second), "c2", rng, together)
+    rid, origin = f"{first.id}>{second.id}", (first.id, second.id)
+    return [
+        AgentStep(f"{rid}:opening", first.source, [user], tools, CALL, _calls(first), origin=origin),
+        AgentStep(f"{rid}:first", first.source, [user, *head], tools, CALL, _calls(second), head_facts, origin),
+        AgentStep(rid, first.source, [user, *head, *tail], tools, ANSWER, facts=head_facts + tail_facts, origin=origin),
+    ]
+
+
+def chained_steps(examples: Sequence[Example], per_source: int, seed: int = 0) -> list[AgentStep]:
+    """Up to `per_source` chained requests per source, each as its three steps (opening, after
+    the first call's results, after both)."""
+    rng = random.Random(f"chained:{seed}")
+    out: list[AgentStep] = []
+    for source, pool in sorted(_by_source(examples).items()):
+        seconds = [(ex, found) for ex in pool if (found := _returned_value(ex))]
+        rng.shuffle(pool)
+        rng.shuffle(seconds)
+        made = 0
+        for first, (second, (key, value)) in zip(pool, seconds):
+            if made >= per_source:
+                break
+            if first.id == second.id or _mentions(value, first.query) or \
+                    {t.name for t in first.tools} & {t.name for t in second.tools}:
+                continue
+            out += _chained(first, second, key, value, rng)
+            made += 1
+    return out
+
+
+def _by_source(examples: Sequence[Example]) -> dict[str, list[Example]]:
+    by_source: dict[str, list[Example]] = {}
+    for example in examples:
+        if example.answers:
+            by_source.setdefault(example.source, []).append(example)
+    return by_source
 
 
 def agent_steps(examples: Sequence[Example], per_source: int, seed: int = 0) -> list[AgentStep]:
@@ -129,10 +217,7 @@ def agent_steps(examples: Sequence[Example], per_source: int, seed: int = 0) -> 
     have no result to follow). Joined requests fill the "call" side where a source has few
     multi-call examples; their tools must not overlap, so each call's tool stays unambiguous."""
     rng = random.Random(seed)
-    by_source: dict[str, list[Example]] = {}
-    for example in examples:
-        if example.answers:
-            by_source.setdefault(example.source, []).append(example)
+    by_source = _by_source(examples)
     out: list[AgentStep] = []
     for source in sorted(by_source):
         pool = list(by_source[source])

@@ -3,8 +3,8 @@
 
 1. build agent conversations from fc-train (`agent_steps.py`), up to N of each label per source;
 2. one pass of the cascade's large model over each (as served: instruction + tools in the system
-   prompt, the conversation in the chat template) -> its soft token; kept in a cache file, so a
-   rerun with the same model and conversations runs no model;
+   prompt, the conversation in the chat template) -> its soft token; kept in a cache file per
+   model and engine, so a rerun runs the model only for conversations it has not seen;
 3. leave-one-source-out: each source scored by a head trained on the others; the threshold with
    the best mean accuracy over sources;
 4. the head trained on every source, with that threshold, written into the artifact
@@ -23,7 +23,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
-from hyfunc.cascade.agent_steps import ANSWER, AgentStep, agent_steps
+from hyfunc.cascade.agent_steps import ANSWER, AgentStep, agent_steps, chained_steps
 from hyfunc.cascade.data import Example, load_examples
 from hyfunc.cascade.manifest import MANIFEST, write_manifest
 from hyfunc.cascade.next_step import (
@@ -39,35 +39,48 @@ from hyfunc.models.base import BackendBase
 from hyfunc.models.engines import load_backend
 
 log = logging.getLogger("hyfunc.next_step")
+SAVE_EVERY = 25  # conversations encoded between writes of the cache
 
 
-def _steps_key(model: str, engine: str, steps: Sequence[AgentStep]) -> str:
-    text = json.dumps([model, engine, [[s.id, s.messages, [t.to_json_schema() for t in s.tools]] for s in steps]],
-                      sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+def step_key(step: AgentStep) -> str:
+    """What a conversation's soft token depends on besides the model: its messages and tools."""
+    text = json.dumps([step.id, step.messages, [t.to_json_schema() for t in step.tools]], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def cache_file(cache_dir: Path, large: BackendBase) -> Path:
+    """One file per model and engine, a soft token per conversation (`step_key`)."""
+    engine = hashlib.sha256(json.dumps([large.name, large.description]).encode()).hexdigest()[:16]
+    return cache_dir / f"soft-tokens-{engine}.safetensors"
 
 
 def encode_steps(encoder: SoftTokenEncoder, steps: Sequence[AgentStep], cache: Path | None) -> torch.Tensor:
-    """(n, H) soft tokens of the conversations, read from / written to `cache` when given."""
-    if cache is not None and cache.is_file():
-        return load_file(str(cache))["soft_tokens"]
+    """(n, H) soft tokens of the conversations; those in `cache` (when given) are read from it,
+    the others computed and added to it."""
+    known = load_file(str(cache)) if cache is not None and cache.is_file() else {}
+    keys = [step_key(s) for s in steps]
+    missing = [i for i, k in enumerate(keys) if k not in known]
     # Conversations built from one example share its tools: their [instruction + tools] prefix is
     # run once (exact, as in serving with a fixed library).
     groups: dict[str, list[int]] = {}
-    for i, step in enumerate(steps):
-        groups.setdefault(json.dumps([t.to_json_schema() for t in step.tools], sort_keys=True), []).append(i)
-    rows: dict[int, torch.Tensor] = {}
-    with tqdm(total=len(steps), desc="large-model passes", unit="conversation") as bar:
+    for i in missing:
+        groups.setdefault(json.dumps([t.to_json_schema() for t in steps[i].tools], sort_keys=True), []).append(i)
+    def save() -> None:
+        if cache is not None:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            save_file(known, str(cache))
+
+    with tqdm(total=len(missing), desc="large-model passes", unit="conversation", disable=not missing) as bar:
         for members in groups.values():
             library = encoder.build_library(steps[members[0]].tools) if len(members) > 1 else None
             for i in members:
-                rows[i] = encoder.encode(steps[i].messages, library or steps[i].tools).soft_token
+                known[keys[i]] = encoder.encode(steps[i].messages, library or steps[i].tools).soft_token.contiguous()
                 bar.update()
-    soft = torch.stack([rows[i] for i in range(len(steps))])
-    if cache is not None:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        save_file({"soft_tokens": soft.contiguous()}, str(cache))
-    return soft
+                if bar.n % SAVE_EVERY == 0:  # an interrupted run keeps what it computed
+                    save()
+    if missing:
+        save()
+    return torch.stack([known[k] for k in keys])
 
 
 def source_figures(scores: torch.Tensor, answers: torch.Tensor, sources: Sequence[str], threshold: float) -> dict:
@@ -86,16 +99,18 @@ def source_figures(scores: torch.Tensor, answers: torch.Tensor, sources: Sequenc
 
 
 def train_next_step(out: Path, large: BackendBase, examples: Sequence[Example], per_source: int,
-                    cache_dir: Path | None, seed: int = 0) -> dict:
-    """Train the head on agent conversations built from `examples`, save it in `out`; returns
-    the held-out record, with the conversations the held-out heads got wrong (`misses`)."""
+                    cache_dir: Path | None, seed: int = 0, chained_per_source: int = 0) -> dict:
+    """Train the head on agent conversations built from `examples` (`chained_per_source`: with
+    that many chained requests per source too), save it in `out`; returns the held-out record,
+    with the conversations the held-out heads got wrong (`misses`)."""
     steps = agent_steps(examples, per_source, seed)
+    steps += [s for s in chained_steps(examples, chained_per_source, seed) if s.after_results]
     answers = torch.tensor([s.label == ANSWER for s in steps])
     if len(set(answers.tolist())) < 2:  # before any model pass
         raise OneKindOnly("the data makes agent conversations of one kind only: the next-step head needs requests "
                           "with several calls, or two sources' requests with distinct tools, too")
     sources = [s.source for s in steps]
-    cache = cache_dir / f"next-step-{_steps_key(large.name, large.description, steps)}.safetensors" if cache_dir else None
+    cache = cache_file(cache_dir, large) if cache_dir else None
     start = time.perf_counter()
     soft = encode_steps(SoftTokenEncoder(large), steps, cache)
     seconds = time.perf_counter() - start
@@ -105,6 +120,7 @@ def train_next_step(out: Path, large: BackendBase, examples: Sequence[Example], 
     record = {
         "conversations": len(steps),
         "per_source": per_source,
+        "chained_per_source": chained_per_source,
         "seed": seed,
         "engine": large.description,
         "encode_seconds": round(seconds, 1),

@@ -229,8 +229,8 @@ def train_small(
 ) -> tuple[SoftTokenProjector | None, dict]:
     """Projector + LoRA adapter, trained together; a checkpoint per epoch lets a run resume.
     `large_hidden` None: no soft token, the adapter alone (the small path's distillation,
-    hyfunc.routing.distil; its items have no soft token). An adapter already in `sft/adapter`
-    before the first epoch is where training starts (a warm start)."""
+    hyfunc.routing.distil; its items have no soft token). An adapter (and a projector) already
+    in `sft/` before the first epoch is where training starts (a warm start)."""
     from peft import LoraConfig, PeftModel, get_peft_model
 
     torch.manual_seed(config.seed)
@@ -239,7 +239,7 @@ def train_small(
     if projector is None and not config.lora_rank:
         raise ValueError("without a soft token only the LoRA adapter is trained: lora_rank must be > 0")
     state = json.loads((checkpoint / "state.json").read_text()) if (checkpoint / "state.json").is_file() else {"epoch": 0, "losses": []}
-    if state["epoch"] and projector is not None:
+    if projector is not None and (checkpoint / "projector.safetensors").is_file():
         projector.load_state_dict(load_file(str(checkpoint / "projector.safetensors")))
     if config.sft_gradient_checkpointing:
         small.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

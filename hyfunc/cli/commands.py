@@ -129,6 +129,8 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
     if args.next_step_only:
         return _prepare_next_step(args)
+    if args.agent_only:
+        return _prepare_agent_steps(args)
     config = PrepareConfig(
         large_model=args.large, small_model=args.small, data=args.data, sft_epochs=args.epochs,
         lora_rank=args.lora_rank, max_examples=args.max_examples, sft_max_items=args.sft_max_items, seed=args.seed,
@@ -152,6 +154,19 @@ def _prepare_next_step(args: argparse.Namespace) -> int:
     if args.report:
         write_report(Path(args.report), record, sys.argv)
     print(json.dumps({"artifact": args.out, "threshold": record["threshold"], "held_out": record["held_out"]}, indent=2))
+    return 0
+
+
+def _prepare_agent_steps(args: argparse.Namespace) -> int:
+    from hyfunc.cascade.agent_training import AgentTrainingConfig, train_agent_steps
+
+    out = Path(args.out)
+    if not (out / MANIFEST).is_file():
+        raise InputError(f"--agent-only: {args.out} is not a prepared cascade (no manifest.json)")
+    config = AgentTrainingConfig(per_source=args.per_source, chained_per_source=args.chained_per_source,
+                                 max_items=args.agent_items, replay=args.replay, sft_epochs=args.epochs, seed=args.seed)
+    record = train_agent_steps(out, args.data, args.engine, hyfunc_home() / "next-step-cache", config)
+    print(json.dumps({"artifact": args.out, **record}, indent=2))
     return 0
 
 

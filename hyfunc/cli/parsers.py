@@ -221,9 +221,16 @@ def _add_prepare_parser(sub: argparse._SubParsersAction) -> None:
                       help="only (re)train the off-topic gate of the cascade already in --out, on --data")
     prep.add_argument("--next-step-only", action="store_true",
                       help="only (re)train the next-step head (answer or call after a tool result) of the cascade in --out")
+    prep.add_argument("--agent-only", action="store_true",
+                      help="go on training the small model and the next-step head of the cascade in --out on agent "
+                      "conversations (calls made, results, the calls left; chained requests)")
     prep.add_argument("--per-source", type=int, default=30,
                       help="next-step head: agent conversations of each kind (answer, call) per data source; 0: no head")
-    prep.add_argument("--engine", default="auto", help="--next-step-only: engine of the large model's passes")
+    prep.add_argument("--chained-per-source", type=int, default=15,
+                      help="--agent-only: chained requests per data source (the second call needs a value the first returns)")
+    prep.add_argument("--agent-items", type=int, default=160, help="--agent-only: agent conversations trained on (a sample)")
+    prep.add_argument("--replay", type=int, default=80, help="--agent-only: single-turn items trained beside them")
+    prep.add_argument("--engine", default="auto", help="--next-step-only, --agent-only: engine of the large model's passes")
     prep.add_argument("--report", default=None, help="next-step head: also write its held-out report to this directory")
     prep.add_argument("--library", default=None, help="a large tool library (JSON Lines): also train its per-function retriever")
     prep.add_argument("--seed", type=int, default=0)

@@ -1,0 +1,124 @@
+"""Chained agent conversations (the second call needs a value the first returns), the per-
+conversation soft-token cache, and the small model and head trained on agent steps from a
+prepared cascade (tiny random models)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from hyfunc.cascade.agent_steps import ANSWER, CALL, _mentions, chained_steps
+from hyfunc.cascade.agent_training import AgentTrainingConfig, agent_sft_items, sft_steps, train_agent_steps
+from hyfunc.cascade.data import load_examples, split_examples
+from hyfunc.cascade.next_step_training import cache_file, encode_steps, step_key
+from hyfunc.cascade.prepare import PrepareConfig, prepare
+from hyfunc.cascade.soft_token import SoftTokenEncoder
+from hyfunc.cascade.templating import TemplateDecoder
+from hyfunc.data import FC_TRAIN
+from hyfunc.formats.messages import conversation_text
+from tests.test_cascade_prepare import FX, TABLE, WEATHER
+from tests.tiny_models import tiny_backend
+
+
+@pytest.fixture(scope="module")
+def chained() -> list:
+    return chained_steps(load_examples(FC_TRAIN), per_source=5, seed=0)
+
+
+def test_a_chained_request_leaves_the_second_value_to_the_first_call(chained: list) -> None:
+    assert len(chained) == 3 * 5 * 7  # three steps per request, 5 per source, 7 sources
+    for opening, first, done in zip(chained[::3], chained[1::3], chained[2::3]):
+        request = opening.messages[0]["content"]
+        assert opening.messages == [opening.messages[0]] and not opening.after_results
+        assert opening.label == CALL and first.label == CALL and done.label == ANSWER
+        assert first.after_results and done.after_results
+        assert first.messages[0]["content"] == request == done.messages[0]["content"]
+        # a value of the call left: not in the request, in the first call's last result
+        unstated = [v for v in first.remaining[0]["arguments"].values() if isinstance(v, str) and not _mentions(v, request)]
+        assert any(v in first.messages[-1]["content"] for v in unstated), first.id
+        # before any call, only the first request's calls are due
+        first_calls = [c["function"] for m in first.messages for c in m.get("tool_calls") or []]
+        assert [c["name"] for c in first_calls] == [c["name"] for c in opening.remaining]
+        assert len(opening.origin) == 2 and opening.origin == first.origin == done.origin
+    again = chained_steps(load_examples(FC_TRAIN), per_source=5, seed=0)
+    assert [s.messages for s in again] == [s.messages for s in chained]  # seeded
+
+
+def test_small_model_items_read_the_transcript_and_target_the_calls_left(chained: list) -> None:
+    small = tiny_backend()
+    opening, after = chained[0], chained[1]  # one chained request: before any call, after the first's results
+    items, skipped = agent_sft_items([opening, after], torch.zeros(2, 48), small, TemplateDecoder(small))
+    assert skipped == 0 and [i.pattern for i in items] == ["opening", "after_results"]
+    first_prompt, after_prompt = (small.tokenizer.decode(i.prompt.before_ids) for i in items)
+    assert "Done so far for this request" not in first_prompt
+    assert "Done so far for this request" in after_prompt and after.messages[-1]["content"] in after_prompt
+    # the targets: the first request's calls, then the second one's (not the first again)
+    opening_target, after_target = (small.tokenizer.decode(i.target_ids) for i in items)
+    assert all(c["name"] in opening_target for c in opening.remaining)
+    assert all(c["name"] in after_target for c in after.remaining)
+    assert after.remaining[0]["name"] not in opening_target and opening.remaining[0]["name"] not in after_target
+
+
+def test_sft_steps_come_from_training_examples_only() -> None:
+    examples = load_examples(FC_TRAIN)
+    train, val = split_examples(examples)
+    steps = sft_steps(examples, {ex.id for ex in train}, AgentTrainingConfig(per_source=5, chained_per_source=5))
+    held = {ex.id for ex in val}
+    assert steps and all(s.label == CALL and not (set(s.origin) & held) for s in steps)
+    assert {s.after_results for s in steps} == {True, False}
+
+
+def test_the_soft_token_cache_keeps_one_row_per_conversation(chained: list, tmp_path) -> None:
+    large = tiny_backend(hidden_size=48, seed=1)
+    encoder = SoftTokenEncoder(large)
+    cache = cache_file(tmp_path, large)
+    first = encode_steps(encoder, chained[:3], cache)
+    assert set(load_file(str(cache))) == {step_key(s) for s in chained[:3]}
+    both = encode_steps(encoder, chained[:5], cache)  # two more computed, three read
+    assert len(load_file(str(cache))) == 5
+    assert both[:3].equal(first)
+    alone = encode_steps(encoder, chained[3:5], None)
+    assert both[3:].allclose(alone, atol=1e-5)
+
+
+def _agent_examples() -> list[dict]:
+    rows = []
+    for i in range(8):
+        rows.append({"id": f"w{i}", "query": f"What is the weather in Town{i}?", "tools": [WEATHER],
+                     "answers": [{"name": "get_weather", "arguments": {"city": f"Town{i}"}}]})
+        rows.append({"id": f"t{i}", "query": f"Book a table for {i + 2} people", "tools": [TABLE],
+                     "answers": [{"name": "book table", "arguments": {"people": i + 2}}]})
+        rows.append({"id": f"f{i}", "query": f"Convert {i + 5} dollars to EUR{i}", "tools": [FX],
+                     "answers": [{"name": "fx.convert", "arguments": {"amount": i + 5, "to": f"EUR{i}"}}]})
+    for i in range(4):
+        rows.append({"id": f"ww{i}", "query": f"Weather in Town{i} and in Town{i + 1}?", "tools": [WEATHER],
+                     "answers": [{"name": "get_weather", "arguments": {"city": f"Town{j}"}} for j in (i, i + 1)]})
+    return rows
+
+
+def test_agent_training_goes_on_from_the_cascade_and_retrains_the_head(tmp_path) -> None:
+    data = tmp_path / "toy.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in _agent_examples()) + "\n")
+    large, small = tiny_backend(hidden_size=48, seed=1), tiny_backend(hidden_size=32, seed=2)
+    out = tmp_path / "artifact"
+    prepare(PrepareConfig(large_model="tiny-large", small_model="tiny-small", data=[str(data)], val_fraction=0.2,
+                          shard_size=4, retriever={"proj_dim": 16, "epochs": 2, "lr": 1e-2, "refusal_head": True},
+                          lora_rank=4, sft_grad_accum=2, next_step_per_source=4, off_topic_gate=False),
+            out, large=large, small=small)
+    adapter = (out / "adapter" / "adapter_model.safetensors").read_bytes()
+    projector = (out / "projector.safetensors").read_bytes()
+    config = AgentTrainingConfig(per_source=4, chained_per_source=3, max_items=12, replay=4, sft_grad_accum=2)
+    record = train_agent_steps(out, [str(data)], "transformers", tmp_path / "cache", config,
+                               large=large, small=tiny_backend(hidden_size=32, seed=2))
+    assert record["items"]["opening"] and record["items"]["after_results"] and record["items"]["single_turn_replay"]
+    assert (out / "adapter" / "adapter_model.safetensors").read_bytes() != adapter
+    assert (out / "projector.safetensors").read_bytes() != projector
+    assert not (out / "agent_sft").exists()
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["metrics"]["agent_sft"]["items"] == record["items"]
+    # the head saw the chained conversations too (two after results per chained request)
+    assert manifest["metrics"]["next_step"]["conversations"] > record["next_step"]["conversations"] - 1 > 0
+    head = json.loads((out / "next_step" / "manifest.json").read_text())
+    assert head["config"]["training"]["chained_per_source"] == 3
