@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -67,6 +67,10 @@ def sft_steps(examples: Sequence[Example], train_ids: set[str], config: AgentTra
     return [s for s in steps if s.label == CALL and set(s.origin) <= train_ids]
 
 
+def _step_kind(step: AgentStep) -> str:
+    return "after_results" if step.after_results else "opening"
+
+
 def agent_sft_items(
     steps: Sequence[AgentStep], soft_tokens: torch.Tensor, small: BackendBase, decoder: TemplateDecoder
 ) -> tuple[list[SFTItem], int]:
@@ -81,7 +85,7 @@ def agent_sft_items(
             skipped += 1
             continue
         prompt = build_small_prompt(small, conversation_text(step.messages), step.tools)
-        items.append(SFTItem(prompt, soft, ids, mask, "after_results" if step.after_results else "opening"))
+        items.append(SFTItem(prompt, soft, ids, mask, _step_kind(step)))
     return items, skipped
 
 
@@ -98,8 +102,7 @@ def train_agent_steps(artifact: Path, data: Sequence[str], engine: str, cache_di
     started = time.perf_counter()
 
     steps = sft_steps(everything, {ex.id for ex in train}, config)
-    pattern = lambda step: "opening" if not step.after_results else "after_results"  # noqa: E731
-    steps = sample_by_pattern(steps, config.max_items, config.seed, pattern=pattern)
+    steps = sample_by_pattern(steps, config.max_items, config.seed, pattern=_step_kind)
     soft = encode_steps(encoder, steps, cache_file(cache_dir, large))
     # fp32 on transformers: the small model is trained here.
     small = small or Backend(manifest["small_model"], dtype=torch.float32)
@@ -130,7 +133,7 @@ def train_agent_steps(artifact: Path, data: Sequence[str], engine: str, cache_di
     head = train_next_step(artifact / NEXT_STEP_DIR, large, everything, config.per_source, cache_dir, config.seed,
                            chained_per_source=config.chained_per_source)
     record = {
-        "config": config.__dict__,
+        "config": asdict(config),
         "data": [str(d) for d in data],
         "engine": large.description,
         "items": {**counts, "single_turn_replay": len(replay), "skipped": skipped + replay_skipped},

@@ -65,6 +65,7 @@ def encode_steps(encoder: SoftTokenEncoder, steps: Sequence[AgentStep], cache: P
     groups: dict[str, list[int]] = {}
     for i in missing:
         groups.setdefault(json.dumps([t.to_json_schema() for t in steps[i].tools], sort_keys=True), []).append(i)
+
     def save() -> None:
         if cache is not None:
             cache.parent.mkdir(parents=True, exist_ok=True)
