@@ -99,11 +99,12 @@ def train_agent_steps(artifact: Path, data: Sequence[str], engine: str, cache_di
     train, _ = split_examples(everything, manifest["config"].get("val_fraction", 0.1))
     large = large or load_backend(manifest["large_model"], engine, role="large")
     encoder = SoftTokenEncoder(large)
+    cache = cache_file(cache_dir, large)
     started = time.perf_counter()
 
     steps = sft_steps(everything, {ex.id for ex in train}, config)
     steps = sample_by_pattern(steps, config.max_items, config.seed, pattern=_step_kind)
-    soft = encode_steps(encoder, steps, cache_file(cache_dir, large))
+    soft = encode_steps(encoder, steps, cache)
     # fp32 on transformers: the small model is trained here.
     small = small or Backend(manifest["small_model"], dtype=torch.float32)
     decoder = TemplateDecoder(small)
@@ -111,7 +112,7 @@ def train_agent_steps(artifact: Path, data: Sequence[str], engine: str, cache_di
     counts = {kind: sum(i.pattern == kind for i in items) for kind in ("opening", "after_results")}
 
     replay_examples = sample_by_pattern([ex for ex in train if ex.answers], config.replay, config.seed)
-    embeddings_dir = cache_file(cache_dir, large).with_suffix("") / "single-turn"
+    embeddings_dir = cache.with_suffix("") / "single-turn"
     compute_embeddings(encoder, replay_examples, embeddings_dir, 64)
     embeddings = load_embeddings(embeddings_dir, {ex.id for ex in replay_examples})
     replay, replay_skipped = sft_items(replay_examples, embeddings, Retriever.load(artifact / "retriever"), small, decoder)
@@ -130,8 +131,9 @@ def train_agent_steps(artifact: Path, data: Sequence[str], engine: str, cache_di
     shutil.copy2(work / "projector.safetensors", artifact / "projector.safetensors")
     shutil.rmtree(work)
 
-    head = train_next_step(artifact / NEXT_STEP_DIR, large, everything, config.per_source, cache_dir, config.seed,
-                           chained_per_source=config.chained_per_source)
+    trained = train_next_step(artifact / NEXT_STEP_DIR, large, everything, config.per_source, cache_dir, config.seed,
+                              chained_per_source=config.chained_per_source)
+    head = {k: trained[k] for k in ("conversations", "threshold", "held_out")}
     record = {
         "config": asdict(config),
         "data": [str(d) for d in data],
@@ -141,6 +143,6 @@ def train_agent_steps(artifact: Path, data: Sequence[str], engine: str, cache_di
         "seconds": {"large_passes": round(encode_seconds, 1), "sft": round(sft_seconds, 1)},
     }
     manifest.setdefault("metrics", {})["agent_sft"] = record
-    manifest["metrics"]["next_step"] = {k: head[k] for k in ("conversations", "threshold", "held_out")}
+    manifest["metrics"]["next_step"] = head
     write_manifest(artifact, manifest)
-    return {**record, "next_step": {k: head[k] for k in ("conversations", "threshold", "held_out")}}
+    return {**record, "next_step": head}
