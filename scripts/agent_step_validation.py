@@ -9,7 +9,9 @@ Conversations (`hyfunc/cascade/agent_steps.py`), from validation examples only:
 - calls left: the first k of n calls made -> exact when the calls made now are the ones left;
 - chained opening: "A. Then B with the <value> it returns", nothing called yet -> exact when
   only A's calls are made;
-- chained, after A's results (one holds B's value) -> exact when B's call is made with it.
+- chained, after A's results (one holds B's value) -> exact when B's call is made with it;
+- joined opening: two independent requests "A. Then B" (or "Also", a new line), nothing called
+  yet -> exact when every call of both is made.
 Exact = `same_calls` (names and arguments after normalisation, any order). Every cascade answers
 the same conversations, one after the other, on the same engine.
 """
@@ -25,7 +27,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from hyfunc.cascade.agent_steps import ANSWER, AgentStep, agent_steps, chained_steps
+from hyfunc.cascade.agent_steps import ANSWER, AgentStep, agent_steps, chained_steps, joined_openings
 from hyfunc.cascade.data import load_examples, split_examples
 from hyfunc.data import FC_TRAIN
 from hyfunc.eval.provenance import provenance
@@ -33,12 +35,15 @@ from hyfunc.formats.calls import Call, same_calls
 from hyfunc.methods.cascade import HyFuncMethod
 
 
+KINDS = ("answer", "calls_left", "chained_opening", "chained_after_results", "joined_opening")
+
+
 def kind(step: AgentStep) -> str:
     if step.label == ANSWER:
         return "answer"
-    if ">" in step.id:
-        return "chained_after_results" if step.after_results else "chained_opening"
-    return "calls_left"
+    if not step.after_results:
+        return f"{step.form}_opening"
+    return "chained_after_results" if step.form == "chained" else "calls_left"
 
 
 def right(step: AgentStep, calls: list[Call]) -> bool:
@@ -52,6 +57,7 @@ def main() -> int:
     parser.add_argument("--data", nargs="+", default=[str(FC_TRAIN)])
     parser.add_argument("--artifacts", nargs="+", required=True, help="cascade directories, side by side")
     parser.add_argument("--per-source", type=int, default=6, help="conversations of each label, and chained requests, per source")
+    parser.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS, help="only these kinds of step")
     parser.add_argument("--engine", default="auto")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", required=True)
@@ -59,6 +65,7 @@ def main() -> int:
 
     _, val = split_examples(load_examples(args.data))
     steps = agent_steps(val, args.per_source, args.seed) + chained_steps(val, args.per_source, args.seed)
+    steps = [s for s in steps + joined_openings(val, args.per_source, args.seed) if kind(s) in args.kinds]
     methods = {}
     for path in args.artifacts:
         methods[path] = HyFuncMethod.load(path, large_engine=args.engine, small_engine=args.engine)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from hyfunc.cascade.agent_steps import ANSWER, CALL, _mentions, chained_steps
+from hyfunc.cascade.agent_steps import ANSWER, CALL, _mentions, chained_steps, joined_openings
 from hyfunc.cascade.agent_training import AgentTrainingConfig, agent_sft_items, sft_steps, train_agent_steps
 from hyfunc.cascade.data import load_examples, split_examples
 from hyfunc.cascade.next_step_training import cache_file, encode_steps, step_key
@@ -46,11 +46,28 @@ def test_a_chained_request_leaves_the_second_value_to_the_first_call(chained: li
     assert [s.messages for s in again] == [s.messages for s in chained]  # seeded
 
 
+def test_a_joined_opening_asks_for_every_call_of_both_requests(chained: list) -> None:
+    examples = load_examples(FC_TRAIN)
+    joined = joined_openings(examples, per_source=5, seed=0)
+    assert len(joined) == 5 * 7
+    by_id = {ex.id: ex for ex in examples}
+    for step in joined:
+        first, second = (by_id[i] for i in step.origin)
+        request = step.messages[0]["content"]
+        assert step.messages == [{"role": "user", "content": request}] and step.label == CALL and step.form == "joined"
+        assert request.startswith(first.query.rstrip()) and request.lower().endswith(second.query.lower())
+        assert [c["name"] for c in step.remaining] == [c.name for c in (*first.answers, *second.answers)]
+        assert len({t.name for t in step.tools}) == len(first.tools) + len(second.tools)
+    # the same joiners as chained requests: "Then" alone does not tell the two apart
+    assert any(" Then " in s.messages[0]["content"] for s in joined)
+    assert {s.form for s in chained} == {"chained"}
+
+
 def test_small_model_items_read_the_transcript_and_target_the_calls_left(chained: list) -> None:
     small = tiny_backend()
     opening, after = chained[0], chained[1]  # one chained request: before any call, after the first's results
     items, skipped = agent_sft_items([opening, after], torch.zeros(2, 48), small, TemplateDecoder(small))
-    assert skipped == 0 and [i.pattern for i in items] == ["opening", "after_results"]
+    assert skipped == 0 and [i.pattern for i in items] == ["chained_opening", "after_results"]
     first_prompt, after_prompt = (small.tokenizer.decode(i.prompt.before_ids) for i in items)
     assert "Done so far for this request" not in first_prompt
     assert "Done so far for this request" in after_prompt and after.messages[-1]["content"] in after_prompt
@@ -112,7 +129,7 @@ def test_agent_training_goes_on_from_the_cascade_and_retrains_the_head(tmp_path)
     config = AgentTrainingConfig(per_source=4, chained_per_source=3, max_items=12, replay=4, sft_grad_accum=2)
     record = train_agent_steps(out, [str(data)], "transformers", tmp_path / "cache", config,
                                large=large, small=tiny_backend(hidden_size=32, seed=2))
-    assert record["items"]["opening"] and record["items"]["after_results"] and record["items"]["single_turn_replay"]
+    assert record["items"]["chained_opening"] and record["items"]["after_results"] and record["items"]["single_turn_replay"]
     assert (out / "adapter" / "adapter_model.safetensors").read_bytes() != adapter
     assert (out / "projector.safetensors").read_bytes() != projector
     assert not (out / "agent_sft").exists()

@@ -12,6 +12,9 @@ calls but no results, so the conversations are extended call -> plausible result
   returns ("... Then book a table at the restaurant id it returns."): before any call, only the
   first request's calls are due ("call", an opening step: no result yet); after their results,
   whose one holds the value, the second call with that value ("call"); after both, "answer"
+- joined openings (optional): two independent requests asked at once, before any call: every
+  call of both is due at once. The chained opening's counterpart, with the same joiners ("Then",
+  a new line): only a reference to a returned value defers the second request's calls
 
 Results are synthesized from the call (its arguments and an outcome), as JSON or prose, so the
 decision is learned from what was asked and what was done, not from any result's wording.
@@ -32,6 +35,9 @@ JOINERS = (" Also, ", " After that, ", "\n", " And ")
 CHAIN_JOINERS = (" Then ", " After that, ", " Once you have it, ", "\n")
 # How the second request names the value the first call returns ({} = its parameter in words).
 REFERENCES = ("the {} it returns", "the {} from that", "the resulting {}", "that {}", "the {} you get")
+# Joiners of two independent requests asked at once: those of chained requests too, but the one
+# that says the second waits for the first.
+OPENING_JOINERS = JOINERS + (" Then ",)
 
 
 @dataclass
@@ -46,6 +52,7 @@ class AgentStep:
     remaining: list[dict] = field(default_factory=list)  # the calls still to make (CALL)
     facts: list[str] = field(default_factory=list)  # the results' outcomes: what an answer must tell
     origin: tuple[str, ...] = ()  # the ids of the examples it was built from
+    form: str = "single"  # single | joined | chained: how its request was made
 
     @property
     def after_results(self) -> bool:
@@ -140,9 +147,10 @@ def _joined(first: Example, second: Example, rng: random.Random) -> Iterable[Age
     head, head_facts = _call_turns(_calls(first), "j1", rng, together)
     rid = f"{first.id}+{second.id}"
     origin = (first.id, second.id)
-    yield AgentStep(f"{rid}:first", first.source, [user, *head], tools, CALL, _calls(second), head_facts, origin)
+    yield AgentStep(f"{rid}:first", first.source, [user, *head], tools, CALL, _calls(second), head_facts, origin, "joined")
     tail, tail_facts = _call_turns(_calls(second), "j2", rng, together)
-    yield AgentStep(rid, first.source, [user, *head, *tail], tools, ANSWER, facts=head_facts + tail_facts, origin=origin)
+    yield AgentStep(rid, first.source, [user, *head, *tail], tools, ANSWER, facts=head_facts + tail_facts, origin=origin,
+                    form="joined")
 
 
 def _returned_value(example: Example) -> tuple[str, str] | None:
@@ -161,25 +169,28 @@ def _mentions(value: str, text: str) -> list[re.Match]:
     return list(re.finditer(rf"(?<!\w){re.escape(value)}(?!\w)", text, re.IGNORECASE))
 
 
+def _join(first: str, joiner: str, second: str) -> str:
+    if not joiner.endswith("\n") and second[:2].istitle():  # "Then book ...", not "Then Book ..." (nor "Then iPhone")
+        second = second[0].lower() + second[1:]
+    return first.rstrip() + joiner + second
+
+
 def _chained(first: Example, second: Example, key: str, value: str, rng: random.Random) -> list[AgentStep]:
     """The second request's `value` replaced by a reference to what the first call returns."""
     [at] = _mentions(value, second.query)
     reference = rng.choice(REFERENCES).format(_words(key))
     rest = second.query[:at.start()] + reference + second.query[at.end():]
-    joiner = rng.choice(CHAIN_JOINERS)
-    if not joiner.endswith("\n") and rest[:2].istitle():  # "Then book ...", not "Then Book ..." (nor "Then iPhone")
-        rest = rest[0].lower() + rest[1:]
-    query = first.query.rstrip() + joiner + rest
-    user = {"role": "user", "content": query}
+    user = {"role": "user", "content": _join(first.query, rng.choice(CHAIN_JOINERS), rest)}
     tools = list(first.tools) + list(second.tools)
     together = rng.random() < 0.5
     head, head_facts = _call_turns(_calls(first), "c1", rng, together, returned={key: value})
     tail, tail_facts = _call_turns(_calls(second), "c2", rng, together)
     rid, origin = f"{first.id}>{second.id}", (first.id, second.id)
     return [
-        AgentStep(f"{rid}:opening", first.source, [user], tools, CALL, _calls(first), origin=origin),
-        AgentStep(f"{rid}:first", first.source, [user, *head], tools, CALL, _calls(second), head_facts, origin),
-        AgentStep(rid, first.source, [user, *head, *tail], tools, ANSWER, facts=head_facts + tail_facts, origin=origin),
+        AgentStep(f"{rid}:opening", first.source, [user], tools, CALL, _calls(first), origin=origin, form="chained"),
+        AgentStep(f"{rid}:first", first.source, [user, *head], tools, CALL, _calls(second), head_facts, origin, "chained"),
+        AgentStep(rid, first.source, [user, *head, *tail], tools, ANSWER, facts=head_facts + tail_facts, origin=origin,
+                  form="chained"),
     ]
 
 
@@ -200,6 +211,26 @@ def chained_steps(examples: Sequence[Example], per_source: int, seed: int = 0) -
                     {t.name for t in first.tools} & {t.name for t in second.tools}:
                 continue
             out += _chained(first, second, key, value, rng)
+            made += 1
+    return out
+
+
+def joined_openings(examples: Sequence[Example], per_source: int, seed: int = 0) -> list[AgentStep]:
+    """Up to `per_source` pairs of independent requests per source asked at once, as their opening
+    step: nothing called yet, every call of both due."""
+    rng = random.Random(f"joined-openings:{seed}")
+    out: list[AgentStep] = []
+    for source, pool in sorted(_by_source(examples).items()):
+        rng.shuffle(pool)
+        made = 0
+        for first, second in zip(pool[::2], pool[1::2]):
+            if made >= per_source:
+                break
+            if {t.name for t in first.tools} & {t.name for t in second.tools}:
+                continue
+            user = {"role": "user", "content": _join(first.query, rng.choice(OPENING_JOINERS), second.query)}
+            out.append(AgentStep(f"{first.id}&{second.id}:opening", source, [user], list(first.tools) + list(second.tools),
+                                 CALL, _calls(first) + _calls(second), origin=(first.id, second.id), form="joined"))
             made += 1
     return out
 

@@ -9,6 +9,8 @@ results) and must write only the calls still due, with values a result may have 
 - chained requests (`chained_steps`): before any call -> the first request's calls only (the
   second one's value is not known yet); after their results -> the second call, its value
   copied from a result;
+- independent requests asked at once (`joined_openings`): before any call -> every call of both,
+  so that "Then" alone does not teach the model to stop after the first request's calls;
 - a replay sample of single-turn items, so the first request's answers are not forgotten.
 
 The adapter and the projector go on training from the cascade's own (a warm start), on the
@@ -27,7 +29,7 @@ from typing import Sequence
 
 import torch
 
-from hyfunc.cascade.agent_steps import CALL, AgentStep, agent_steps, chained_steps
+from hyfunc.cascade.agent_steps import CALL, AgentStep, agent_steps, chained_steps, joined_openings
 from hyfunc.cascade.data import Example, load_examples, sample_by_pattern, split_examples
 from hyfunc.cascade.manifest import MANIFEST, write_manifest
 from hyfunc.cascade.next_step import NEXT_STEP_DIR
@@ -48,7 +50,8 @@ from hyfunc.models.engines import load_backend
 class AgentTrainingConfig:
     per_source: int = 30  # agent_steps' conversations of each label per source (the head's, as prepared)
     chained_per_source: int = 15  # chained requests per source (three steps each)
-    max_items: int = 160  # agent items sampled (openings and steps after results alike)
+    joined_per_source: int = 15  # independent requests asked at once per source (their opening)
+    max_items: int = 240  # agent items sampled (equal shares: chained openings, joined openings, after results)
     replay: int = 80  # single-turn items sampled from the training split
     sft_epochs: int = 1
     sft_lr: float = 1e-4  # half the first training's: it goes on from a trained adapter
@@ -64,11 +67,15 @@ def sft_steps(examples: Sequence[Example], train_ids: set[str], config: AgentTra
     the two share their large-model passes."""
     steps = agent_steps(examples, config.per_source, config.seed)
     steps += chained_steps(examples, config.chained_per_source, config.seed)
+    steps += joined_openings(examples, config.joined_per_source, config.seed)
     return [s for s in steps if s.label == CALL and set(s.origin) <= train_ids]
 
 
+PATTERNS = ("chained_opening", "joined_opening", "after_results")
+
+
 def _step_kind(step: AgentStep) -> str:
-    return "after_results" if step.after_results else "opening"
+    return "after_results" if step.after_results else f"{step.form}_opening"
 
 
 def agent_sft_items(
@@ -109,7 +116,7 @@ def train_agent_steps(artifact: Path, data: Sequence[str], engine: str, cache_di
     small = small or Backend(manifest["small_model"], dtype=torch.float32)
     decoder = TemplateDecoder(small)
     items, skipped = agent_sft_items(steps, soft, small, decoder)
-    counts = {kind: sum(i.pattern == kind for i in items) for kind in ("opening", "after_results")}
+    counts = {kind: sum(i.pattern == kind for i in items) for kind in PATTERNS}
 
     replay_examples = sample_by_pattern([ex for ex in train if ex.answers], config.replay, config.seed)
     embeddings_dir = cache.with_suffix("") / "single-turn"

@@ -228,7 +228,9 @@ def _add_prepare_parser(sub: argparse._SubParsersAction) -> None:
                       help="next-step head: agent conversations of each kind (answer, call) per data source; 0: no head")
     prep.add_argument("--chained-per-source", type=int, default=15,
                       help="--agent-only: chained requests per data source (the second call needs a value the first returns)")
-    prep.add_argument("--agent-items", type=int, default=160, help="--agent-only: agent conversations trained on (a sample)")
+    prep.add_argument("--joined-per-source", type=int, default=15,
+                      help="--agent-only: pairs of independent requests asked at once per data source (every call due at once)")
+    prep.add_argument("--agent-items", type=int, default=240, help="--agent-only: agent conversations trained on (a sample)")
     prep.add_argument("--replay", type=int, default=80, help="--agent-only: single-turn items trained beside them")
     prep.add_argument("--engine", default="auto", help="--next-step-only, --agent-only: engine of the large model's passes")
     prep.add_argument("--report", default=None, help="next-step head: also write its held-out report to this directory")
