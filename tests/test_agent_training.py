@@ -17,7 +17,6 @@ from hyfunc.cascade.prepare import PrepareConfig, prepare
 from hyfunc.cascade.soft_token import SoftTokenEncoder
 from hyfunc.cascade.templating import TemplateDecoder
 from hyfunc.data import FC_TRAIN
-from hyfunc.formats.messages import conversation_text
 from tests.test_cascade_prepare import FX, TABLE, WEATHER
 from tests.tiny_models import tiny_backend
 
