@@ -207,8 +207,7 @@ def chained_steps(examples: Sequence[Example], per_source: int, seed: int = 0) -
         for first, (second, (key, value)) in zip(pool, seconds):
             if made >= per_source:
                 break
-            if first.id == second.id or _mentions(value, first.query) or \
-                    {t.name for t in first.tools} & {t.name for t in second.tools}:
+            if first.id == second.id or _mentions(value, first.query) or _share_tools(first, second):
                 continue
             out += _chained(first, second, key, value, rng)
             made += 1
@@ -226,13 +225,18 @@ def joined_openings(examples: Sequence[Example], per_source: int, seed: int = 0)
         for first, second in zip(pool[::2], pool[1::2]):
             if made >= per_source:
                 break
-            if {t.name for t in first.tools} & {t.name for t in second.tools}:
+            if _share_tools(first, second):
                 continue
             user = {"role": "user", "content": _join(first.query, rng.choice(OPENING_JOINERS), second.query)}
             out.append(AgentStep(f"{first.id}&{second.id}:opening", source, [user], list(first.tools) + list(second.tools),
                                  CALL, _calls(first) + _calls(second), origin=(first.id, second.id), form="joined"))
             made += 1
     return out
+
+
+def _share_tools(first: Example, second: Example) -> bool:
+    """Two requests joined must not offer one tool twice: each call's tool stays unambiguous."""
+    return bool({t.name for t in first.tools} & {t.name for t in second.tools})
 
 
 def _by_source(examples: Sequence[Example]) -> dict[str, list[Example]]:
@@ -260,7 +264,7 @@ def agent_steps(examples: Sequence[Example], per_source: int, seed: int = 0) -> 
         for first, second in zip(pool[::2], pool[1::2]):
             if len(steps[CALL]) >= per_source and len(steps[ANSWER]) >= per_source:
                 break
-            if {t.name for t in first.tools} & {t.name for t in second.tools}:
+            if _share_tools(first, second):
                 continue
             for step in _joined(first, second, rng):
                 steps[step.label].append(step)
