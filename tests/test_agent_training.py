@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from hyfunc.cascade.agent_steps import ANSWER, CALL, _mentions, chained_steps, joined_openings
+from hyfunc.cascade.agent_steps import ANSWER, CALL, STEP_KINDS, _mentions, chained_steps, joined_openings
 from hyfunc.cascade.agent_training import AgentTrainingConfig, agent_sft_items, sft_steps, train_agent_steps
 from hyfunc.cascade.data import load_examples, split_examples
 from hyfunc.cascade.next_step_training import cache_file, encode_steps, step_key
@@ -84,6 +84,10 @@ def test_sft_steps_come_from_training_examples_only() -> None:
     held = {ex.id for ex in val}
     assert steps and all(s.label == CALL and not (set(s.origin) & held) for s in steps)
     assert {s.after_results for s in steps} == {True, False}
+    assert {s.kind for s in steps} == set(STEP_KINDS)
+    after_only = sft_steps(examples, {ex.id for ex in train},
+                           AgentTrainingConfig(per_source=5, chained_per_source=5, kinds=("after_results",)))
+    assert after_only == [s for s in steps if s.after_results]
 
 
 def test_the_soft_token_cache_keeps_one_row_per_conversation(chained: list, tmp_path) -> None:

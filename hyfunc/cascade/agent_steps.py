@@ -38,6 +38,8 @@ REFERENCES = ("the {} it returns", "the {} from that", "the resulting {}", "that
 # Joiners of two independent requests asked at once: those of chained requests too, but the one
 # that says the second waits for the first.
 OPENING_JOINERS = JOINERS + (" Then ",)
+# The kinds of conversation whose next step is a call, as the small model learns them.
+STEP_KINDS = ("chained_opening", "joined_opening", "after_results")
 
 
 @dataclass
@@ -58,6 +60,12 @@ class AgentStep:
     def after_results(self) -> bool:
         """False for an opening step (the request alone, no call made yet)."""
         return bool(self.messages) and self.messages[-1].get("role") == "tool"
+
+    @property
+    def kind(self) -> str:
+        """One of STEP_KINDS for a call step built by this module (a single request's opening is
+        the single-turn data's, never built here)."""
+        return "after_results" if self.after_results else f"{self.form}_opening"
 
 
 def _words(name: str) -> str:

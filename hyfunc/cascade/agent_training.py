@@ -29,7 +29,7 @@ from typing import Sequence
 
 import torch
 
-from hyfunc.cascade.agent_steps import CALL, AgentStep, agent_steps, chained_steps, joined_openings
+from hyfunc.cascade.agent_steps import CALL, STEP_KINDS, AgentStep, agent_steps, chained_steps, joined_openings
 from hyfunc.cascade.data import Example, load_examples, sample_by_pattern, split_examples
 from hyfunc.cascade.manifest import MANIFEST, write_manifest
 from hyfunc.cascade.next_step import NEXT_STEP_DIR
@@ -51,7 +51,8 @@ class AgentTrainingConfig:
     per_source: int = 30  # agent_steps' conversations of each label per source (the head's, as prepared)
     chained_per_source: int = 15  # chained requests per source (three steps each)
     joined_per_source: int = 15  # independent requests asked at once per source (their opening)
-    max_items: int = 240  # agent items sampled (equal shares: chained openings, joined openings, after results)
+    max_items: int = 240  # agent items sampled (equal shares of the kinds below)
+    kinds: tuple[str, ...] = STEP_KINDS  # of the small model's items
     replay: int = 80  # single-turn items sampled from the training split
     sft_epochs: int = 1
     sft_lr: float = 1e-4  # half the first training's: it goes on from a trained adapter
@@ -68,14 +69,7 @@ def sft_steps(examples: Sequence[Example], train_ids: set[str], config: AgentTra
     steps = agent_steps(examples, config.per_source, config.seed)
     steps += chained_steps(examples, config.chained_per_source, config.seed)
     steps += joined_openings(examples, config.joined_per_source, config.seed)
-    return [s for s in steps if s.label == CALL and set(s.origin) <= train_ids]
-
-
-PATTERNS = ("chained_opening", "joined_opening", "after_results")
-
-
-def _step_kind(step: AgentStep) -> str:
-    return "after_results" if step.after_results else f"{step.form}_opening"
+    return [s for s in steps if s.label == CALL and set(s.origin) <= train_ids and s.kind in config.kinds]
 
 
 def agent_sft_items(
@@ -92,7 +86,7 @@ def agent_sft_items(
             skipped += 1
             continue
         prompt = build_small_prompt(small, conversation_text(step.messages), step.tools)
-        items.append(SFTItem(prompt, soft, ids, mask, _step_kind(step)))
+        items.append(SFTItem(prompt, soft, ids, mask, step.kind))
     return items, skipped
 
 
@@ -110,13 +104,13 @@ def train_agent_steps(artifact: Path, data: Sequence[str], engine: str, cache_di
     started = time.perf_counter()
 
     steps = sft_steps(everything, {ex.id for ex in train}, config)
-    steps = sample_by_pattern(steps, config.max_items, config.seed, pattern=_step_kind)
+    steps = sample_by_pattern(steps, config.max_items, config.seed, pattern=lambda s: s.kind)
     soft = encode_steps(encoder, steps, cache)
     # fp32 on transformers: the small model is trained here.
     small = small or Backend(manifest["small_model"], dtype=torch.float32)
     decoder = TemplateDecoder(small)
     items, skipped = agent_sft_items(steps, soft, small, decoder)
-    counts = {kind: sum(i.pattern == kind for i in items) for kind in PATTERNS}
+    counts = {kind: sum(i.pattern == kind for i in items) for kind in config.kinds}
 
     replay_examples = sample_by_pattern([ex for ex in train if ex.answers], config.replay, config.seed)
     embeddings_dir = cache.with_suffix("") / "single-turn"

@@ -165,7 +165,7 @@ def _prepare_agent_steps(args: argparse.Namespace) -> int:
         raise InputError(f"--agent-only: {args.out} is not a prepared cascade (no manifest.json)")
     config = AgentTrainingConfig(per_source=args.per_source, chained_per_source=args.chained_per_source,
                                  joined_per_source=args.joined_per_source, max_items=args.agent_items,
-                                 replay=args.replay, sft_epochs=args.epochs, seed=args.seed)
+                                 kinds=tuple(args.agent_kinds),                                 replay=args.replay, sft_epochs=args.epochs, seed=args.seed)
     record = train_agent_steps(out, args.data, args.engine, hyfunc_home() / "next-step-cache", config)
     print(json.dumps({"artifact": args.out, **record}, indent=2))
     return 0

@@ -10,6 +10,7 @@ import argparse
 import os
 
 import hyfunc
+from hyfunc.cascade.agent_steps import STEP_KINDS
 from hyfunc.cli.checks import CALL_FORMATS
 from hyfunc.data import FC_TRAIN, OOD_DATA
 from hyfunc.eval.ood import HELD_OUT_SOURCES
@@ -231,6 +232,8 @@ def _add_prepare_parser(sub: argparse._SubParsersAction) -> None:
     prep.add_argument("--joined-per-source", type=int, default=15,
                       help="--agent-only: pairs of independent requests asked at once per data source (every call due at once)")
     prep.add_argument("--agent-items", type=int, default=240, help="--agent-only: agent conversations trained on (a sample)")
+    prep.add_argument("--agent-kinds", nargs="+", default=list(STEP_KINDS), choices=STEP_KINDS,
+                      help="--agent-only: the kinds of conversation the small model learns from (the head learns from all)")
     prep.add_argument("--replay", type=int, default=80, help="--agent-only: single-turn items trained beside them")
     prep.add_argument("--engine", default="auto", help="--next-step-only, --agent-only: engine of the large model's passes")
     prep.add_argument("--report", default=None, help="next-step head: also write its held-out report to this directory")
