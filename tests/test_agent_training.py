@@ -4,19 +4,26 @@ prepared cascade (tiny random models)."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
+from peft import PeftModel
 from safetensors.torch import load_file
 
+from hyfunc.cascade.after_results import AFTER_RESULTS_DIR, SmallWriter
 from hyfunc.cascade.agent_steps import ANSWER, CALL, STEP_KINDS, _mentions, chained_steps, joined_openings
 from hyfunc.cascade.agent_training import AgentTrainingConfig, agent_sft_items, sft_steps, train_agent_steps
 from hyfunc.cascade.data import load_examples, split_examples
 from hyfunc.cascade.next_step_training import cache_file, encode_steps, step_key
 from hyfunc.cascade.prepare import PrepareConfig, prepare
+from hyfunc.cascade.retriever import Retriever
+from hyfunc.cascade.small_model import load_projector
 from hyfunc.cascade.soft_token import SoftTokenEncoder
 from hyfunc.cascade.templating import TemplateDecoder
 from hyfunc.data import FC_TRAIN
+from hyfunc.formats.schema import parse_tools
+from hyfunc.methods.cascade import HyFuncMethod
 from tests.test_cascade_prepare import FX, TABLE, WEATHER
 from tests.tiny_models import tiny_backend
 
@@ -142,3 +149,41 @@ def test_agent_training_goes_on_from_the_cascade_and_retrains_the_head(tmp_path)
     assert manifest["metrics"]["next_step"]["conversations"] > record["next_step"]["conversations"] - 1 > 0
     head = json.loads((out / "next_step" / "manifest.json").read_text())
     assert head["config"]["training"]["chained_per_source"] == 3
+
+
+def test_an_after_results_model_leaves_first_requests_to_the_cascade(tmp_path) -> None:
+    data = tmp_path / "toy.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in _agent_examples()) + "\n")
+    large, small = tiny_backend(hidden_size=48, seed=1), tiny_backend(hidden_size=32, seed=2)
+    out = tmp_path / "artifact"
+    prepare(PrepareConfig(large_model="tiny-large", small_model="tiny-small", data=[str(data)], val_fraction=0.2,
+                          shard_size=4, retriever={"proj_dim": 16, "epochs": 2, "lr": 1e-2, "refusal_head": True},
+                          lora_rank=4, sft_grad_accum=2, next_step_per_source=0, off_topic_gate=False),
+            out, large=large, small=small)
+    own = {p: (out / p).read_bytes() for p in ("adapter/adapter_model.safetensors", "projector.safetensors")}
+    with pytest.raises(ValueError, match="after results"):
+        train_agent_steps(out, [str(data)], "transformers", tmp_path / "cache", AgentTrainingConfig(separate=True))
+    config = AgentTrainingConfig(per_source=4, chained_per_source=3, max_items=12, replay=4, sft_grad_accum=2,
+                                 kinds=("after_results",), separate=True)
+    record = train_agent_steps(out, [str(data)], "transformers", tmp_path / "cache", config,
+                               large=large, small=tiny_backend(hidden_size=32, seed=2))
+    assert set(record["items"]) == {"after_results", "single_turn_replay", "skipped"} and record["items"]["after_results"]
+    assert {p: (out / p).read_bytes() for p in own} == own  # the cascade's own small model is untouched
+    after = out / AFTER_RESULTS_DIR
+    assert (after / "adapter" / "adapter_model.safetensors").is_file() and (after / "projector.json").is_file()
+
+    tools = parse_tools([WEATHER, TABLE, FX])
+    retriever = Retriever.load(out / "retriever")
+    retriever.config.refusal_threshold = -math.inf  # a call is due in both steps below
+    trained = tiny_backend(hidden_size=32, seed=2)
+    trained.model = PeftModel.from_pretrained(trained.model, after / "adapter").merge_and_unload().eval()
+    writer = SmallWriter.of(trained, load_projector(after))
+    plain = HyFuncMethod(large, small, retriever, load_projector(out))
+    method = HyFuncMethod(large, small, retriever, load_projector(out), after_results=writer)
+    first = [{"role": "user", "content": "Weather in city 3 and in city 4?"}]
+    alone, beside = plain.answer(first, tools), method.answer(first, tools)
+    assert (beside.calls, beside.raw_text) == (alone.calls, alone.raw_text) and "small_model" not in beside.details
+    called = {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {
+        "name": "get_weather", "arguments": json.dumps({"city": "city 3"})}}]}
+    later = method.answer(first + [called, {"role": "tool", "tool_call_id": "c1", "content": "12 degrees"}], tools)
+    assert later.details["small_model"] == "after_results" and "small_decode" in later.timings

@@ -14,8 +14,10 @@ results) and must write only the calls still due, with values a result may have 
 - a replay sample of single-turn items, so the first request's answers are not forgotten.
 
 The adapter and the projector go on training from the cascade's own (a warm start), on the
-training split only; the next-step head is retrained with the chained conversations beside the
-others (leave-one-source-out threshold, as `next_step_training`). Every large-model pass is
+training split only, and replace them; or, with `separate` (steps after results only), they
+become the cascade's after-results small model (after_results.py) and its own stay as they were.
+The next-step head is retrained with the chained conversations beside the others
+(leave-one-source-out threshold, as `next_step_training`). Every large-model pass is
 cached per conversation (`next_step_training.encode_steps`) or per example (`compute_embeddings`).
 """
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Sequence
 
 import torch
 
+from hyfunc.cascade.after_results import AFTER_RESULTS_DIR
 from hyfunc.cascade.agent_steps import CALL, STEP_KINDS, AgentStep, agent_steps, chained_steps, joined_openings
 from hyfunc.cascade.data import Example, load_examples, sample_by_pattern, split_examples
 from hyfunc.cascade.manifest import MANIFEST, write_manifest
@@ -53,6 +56,9 @@ class AgentTrainingConfig:
     joined_per_source: int = 15  # independent requests asked at once per source (their opening)
     max_items: int = 240  # agent items sampled (equal shares of the kinds below)
     kinds: tuple[str, ...] = STEP_KINDS  # of the small model's items
+    # True: the trained adapter and projector become the artifact's after-results small model
+    # (after_results.py) and its own stay as they were; then `kinds` must be ("after_results",).
+    separate: bool = False
     replay: int = 80  # single-turn items sampled from the training split
     sft_epochs: int = 1
     sft_lr: float = 1e-4  # half the first training's: it goes on from a trained adapter
@@ -95,6 +101,8 @@ def train_agent_steps(artifact: Path, data: Sequence[str], engine: str, cache_di
     """Go on training the cascade in `artifact` on agent conversations from `data`; returns the
     record also written into its manifest (`metrics.agent_sft`, `metrics.next_step`). Backends
     may be passed in (tests)."""
+    if config.separate and tuple(config.kinds) != ("after_results",):
+        raise ValueError("an after-results small model learns only the steps after results (kinds: after_results)")
     manifest = json.loads((artifact / MANIFEST).read_text())
     everything = load_examples(list(data))
     train, _ = split_examples(everything, manifest["config"].get("val_fraction", 0.1))
@@ -127,9 +135,12 @@ def train_agent_steps(artifact: Path, data: Sequence[str], engine: str, cache_di
     start = time.perf_counter()
     _, sft = train_small(work, small, large.hidden_size, items + replay, config)
     sft_seconds = time.perf_counter() - start
-    shutil.rmtree(artifact / "adapter")
-    shutil.copytree(work / "adapter", artifact / "adapter")
-    shutil.copy2(work / "projector.safetensors", artifact / "projector.safetensors")
+    into = artifact / AFTER_RESULTS_DIR if config.separate else artifact
+    shutil.rmtree(into / "adapter", ignore_errors=True)
+    shutil.copytree(work / "adapter", into / "adapter")
+    shutil.copy2(work / "projector.safetensors", into / "projector.safetensors")
+    if config.separate:  # the projector's shapes are the cascade's (a warm start)
+        shutil.copy2(artifact / "projector.json", into / "projector.json")
     shutil.rmtree(work)
 
     trained = train_next_step(artifact / NEXT_STEP_DIR, large, everything, config.per_source, cache_dir, config.seed,

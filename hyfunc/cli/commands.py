@@ -163,9 +163,12 @@ def _prepare_agent_steps(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if not (out / MANIFEST).is_file():
         raise InputError(f"--agent-only: {args.out} is not a prepared cascade (no manifest.json)")
+    if args.after_results_model and args.agent_kinds != ["after_results"]:
+        raise InputError("--after-results-model: the model is used only after tool results; give --agent-kinds after_results")
     config = AgentTrainingConfig(per_source=args.per_source, chained_per_source=args.chained_per_source,
                                  joined_per_source=args.joined_per_source, max_items=args.agent_items,
-                                 kinds=tuple(args.agent_kinds),                                 replay=args.replay, sft_epochs=args.epochs, seed=args.seed)
+                                 kinds=tuple(args.agent_kinds), separate=args.after_results_model,
+                                 replay=args.replay, sft_epochs=args.epochs, seed=args.seed)
     record = train_agent_steps(out, args.data, args.engine, hyfunc_home() / "next-step-cache", config)
     print(json.dumps({"artifact": args.out, **record}, indent=2))
     return 0

@@ -234,6 +234,9 @@ def _add_prepare_parser(sub: argparse._SubParsersAction) -> None:
     prep.add_argument("--agent-items", type=int, default=240, help="--agent-only: agent conversations trained on (a sample)")
     prep.add_argument("--agent-kinds", nargs="+", default=list(STEP_KINDS), choices=STEP_KINDS,
                       help="--agent-only: the kinds of conversation the small model learns from (the head learns from all)")
+    prep.add_argument("--after-results-model", action="store_true",
+                      help="--agent-only: train a second small model used only after tool results (after_results/), "
+                      "leaving the one that answers requests as it was (needs --agent-kinds after_results)")
     prep.add_argument("--replay", type=int, default=80, help="--agent-only: single-turn items trained beside them")
     prep.add_argument("--engine", default="auto", help="--next-step-only, --agent-only: engine of the large model's passes")
     prep.add_argument("--report", default=None, help="next-step head: also write its held-out report to this directory")

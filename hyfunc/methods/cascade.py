@@ -20,6 +20,8 @@ An artifact directory (written by `hyfunc prepare`) holds what was trained::
     library_retriever/   retriever for a large library in per-function mode, optional
     off_topic/           the off-topic gate (cascade/off_topic.py), optional
     next_step/           answer or call after tool results (cascade/next_step.py), optional
+    after_results/       the small model's adapter and projector for the calls after tool results
+                         (cascade/after_results.py), optional
 
 After tool results (an agent loop's next turn), the large model reads the conversation in its
 own chat template, and the artifact's next-step head (`next_step/`, cascade/next_step.py) decides
@@ -42,6 +44,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from hyfunc.cascade.after_results import SmallWriter, load_after_results
 from hyfunc.cascade.large_values import LargeValueWriter
 from hyfunc.cascade.lexical import lexical_scores
 from hyfunc.cascade.library import DISK_CACHE_BYTES, LibraryEmbedding, PerFunctionLibrary, embeddings_stored
@@ -170,9 +173,11 @@ class HyFuncMethod:
         library_retriever: Retriever | None = None,
         gate: OffTopicGate | None = None,
         next_step: NextStepHead | None = None,
+        after_results: SmallWriter | None = None,
     ):
         self.large, self.small = large, small
         self.next_step = next_step  # after tool results: answer in text, or go on to a call
+        self.after_results = after_results  # writes the calls after tool results, if given
         self.encoder = SoftTokenEncoder(large)
         self.retriever = retriever
         self.library_retriever = library_retriever
@@ -183,7 +188,7 @@ class HyFuncMethod:
             raise ValueError("the soft-token prefix needs a trained projector")
         self.decoder = TemplateDecoder(small)
         self._large_decoder: TemplateDecoder | None = None  # built on first use (vocabulary tables)
-        self._small_prefixes = threading.local()  # a PrefixCache per thread: batched requests run side by side
+        self._small_prefixes = threading.local()  # PrefixCaches per thread: batched requests run side by side
         self.name = name
         self.shared_pass = shared_pass
         self.artifact: Path | None = None  # the directory it was loaded from, if any
@@ -194,9 +199,10 @@ class HyFuncMethod:
         """Let concurrent requests' steps share engine calls (models/step_batcher.py): only when both
         models run on llama.cpp (its state per request, the prefix caches per thread); else False.
         `on_run(model name, sequences)` is told each call's size."""
-        if not all(hasattr(b, "enable_batching") for b in (self.large, self.small)):
+        backends = [self.large, self.small] + ([self.after_results.backend] if self.after_results is not None else [])
+        if not all(hasattr(b, "enable_batching") for b in backends):
             return False
-        for backend in (self.large, self.small):
+        for backend in backends:
             backend.enable_batching(lambda n, name=backend.name: on_run(name, n))
         return True
 
@@ -216,7 +222,7 @@ class HyFuncMethod:
         request's large-model pass, so a side-by-side run pays for it once."""
         variant = HyFuncMethod(
             self.large, self.small, self.retriever, self.projector, options, name, self._shared_pass(), self.library_retriever,
-            self.gate, self.next_step,
+            self.gate, self.next_step, self.after_results,
         )
         variant.artifact = self.artifact
         return variant
@@ -242,11 +248,11 @@ class HyFuncMethod:
         library_retriever = Retriever.load(directory / "library_retriever") if (directory / "library_retriever").is_dir() else None
         gate = OffTopicGate.load(directory / GATE_DIR) if (directory / GATE_DIR).is_dir() else None
         next_step = NextStepHead.load(directory / NEXT_STEP_DIR) if (directory / NEXT_STEP_DIR).is_dir() else None
+        after_results = load_after_results(directory, manifest["small_model"], small_engine, device)
         method = cls(large, small, retriever, projector, options, name=f"hyfunc:{directory.name}",
-                     library_retriever=library_retriever, gate=gate, next_step=next_step)
+                     library_retriever=library_retriever, gate=gate, next_step=next_step, after_results=after_results)
         method.artifact = directory
-        # The decoder's vocabulary tables take about a second to build: at load, not in the first request.
-        method.decoder.vocab(int(small.forward(ids=small.encode("[")).logits.shape[-1]))
+        method._writer([]).warm_up()
         return method
 
     @property
@@ -263,6 +269,7 @@ class HyFuncMethod:
             "library_retriever": self.library_retriever is not None,
             "off_topic_gate": asdict(self.gate.config) if self.gate is not None else None,
             "next_step": self.next_step.config.threshold if self.next_step is not None else None,
+            "after_results": self.after_results.backend.description if self.after_results is not None else None,
             "max_prompt_tools": self.MAX_PROMPT_TOOLS,
         }
 
@@ -339,17 +346,23 @@ class HyFuncMethod:
             return encoding, reused, self.retriever
         return self.encoder.encode(messages, source), False, self.retriever
 
-    def _small_prefill(self, prompt: SmallPrompt, embeds: torch.Tensor) -> tuple[StepOutput, int]:
+    def _writer(self, messages: Sequence[dict]) -> SmallWriter:
+        """The small model that writes this request's calls: the after-results one, if the cascade
+        has it and the conversation ends with tool results."""
+        if self.after_results is not None and ends_with_tool_results(messages):
+            return self.after_results
+        return SmallWriter(self.small, self.projector, self.decoder)
+
+    def _small_prefill(self, small: BackendBase, prompt: SmallPrompt, embeds: torch.Tensor) -> tuple[StepOutput, int]:
         """The small model's pass over its prompt. The token ids before the soft token go through
-        a prefix cache (one per thread): what they share with the previous request's on this thread
-        (the instruction always, the tools too when the same ones were retrieved) is not run again
-        (exact); the soft token and the rest follow as embeddings."""
-        prefix = getattr(self._small_prefixes, "cache", None)
-        if prefix is None:
-            prefix = self._small_prefixes.cache = PrefixCache(self.small)
+        a prefix cache (one per thread and model): what they share with the previous request's
+        there (the instruction always, the tools too when the same ones were retrieved) is not run
+        again (exact); the soft token and the rest follow as embeddings."""
+        caches = self._small_prefixes.__dict__.setdefault("caches", {})
+        prefix = caches.get(id(small)) or caches.setdefault(id(small), PrefixCache(small))
         step, reused = prefix.run(prompt.before_ids)
         rest = embeds[len(prompt.before_ids):]
-        return (self.small.forward(embeds=rest, cache=step.cache) if len(rest) else step), reused
+        return (small.forward(embeds=rest, cache=step.cache) if len(rest) else step), reused
 
     def _large_writes(
         self, answer: Answer, state: StepOutput, selected: list[Tool], request: str, on_text: Callable[[str], None] | None
@@ -442,38 +455,42 @@ class HyFuncMethod:
         if not self.options.small_model and self.options.templating and encoding.state is not None:
             return self._large_writes(answer, encoding.state, selected, request, on_text)
         start = time.perf_counter()
+        writer = self._writer(messages)
+        small = writer.backend
+        if writer is self.after_results:
+            answer.details["small_model"] = "after_results"
         soft = encoding.soft_token if self.options.soft_token else None
-        prompt = build_small_prompt(self.small, request, selected, with_soft_token=soft is not None)
+        prompt = build_small_prompt(small, request, selected, with_soft_token=soft is not None)
         with torch.inference_mode():
-            embeds = prompt_embeds(self.small, self.projector, prompt, soft)
+            embeds = prompt_embeds(small, writer.projector, prompt, soft)
         answer.input_tokens += len(prompt)
         if self.options.templating:
-            step, reused = self._small_prefill(prompt, embeds)
+            step, reused = self._small_prefill(small, prompt, embeds)
             answer.cached_tokens += reused
             timings["small_prefill"] = time.perf_counter() - start
             start = time.perf_counter()
-            writer = None
+            values = None
             kinds = self.options.large_value_kinds()
             if kinds and encoding.state is not None:
                 drafts = self.options.value_drafts
-                writer = LargeValueWriter(self.large, encoding.state, kinds=kinds,
+                values = LargeValueWriter(self.large, encoding.state, kinds=kinds,
                                           draft_source=request if drafts else "", model_drafts=drafts,
                                           request=request, described_forms=self.options.described_forms)
             # "No tool fits" is the retriever's decision: once it has selected tools, the small
             # model writes at least one call (left to choose, it refused far too often).
-            out = self.decoder.decode(
+            out = writer.decoder.decode(
                 step, selected, require_call=self.options.retriever, draft_source=request, on_text=on_text,
-                write_value=writer, alternatives=self.options.alternatives,
+                write_value=values, alternatives=self.options.alternatives,
             )
             timings["small_decode"] = time.perf_counter() - start
-            if writer is not None:
-                timings["small_decode"] -= writer.seconds
-                timings["large_values"] = writer.seconds
-                answer.details["large_values"] = {"values": writer.values, "tokens": writer.tokens,
-                                                  "passes": writer.passes, "drafted": writer.drafted}
+            if values is not None:
+                timings["small_decode"] -= values.seconds
+                timings["large_values"] = values.seconds
+                answer.details["large_values"] = {"values": values.values, "tokens": values.tokens,
+                                                  "passes": values.passes, "drafted": values.drafted}
             return _with_decoded(answer, out, "small_forward_passes")
         # Ablation: the small model writes the whole call text itself.
-        gen = self.small.generate(embeds=embeds, max_new_tokens=256)
+        gen = small.generate(embeds=embeds, max_new_tokens=256)
         timings["small_prefill"], timings["small_decode"] = gen.prefill_seconds, gen.decode_seconds
         answer.raw_text, answer.output_tokens = gen.text, len(gen.token_ids)
         try:

@@ -14,7 +14,6 @@ import re
 from pathlib import Path
 
 import numpy as np
-from safetensors.numpy import load_file
 
 from hyfunc.config import hyfunc_home
 
@@ -45,6 +44,7 @@ def _architecture(base_gguf: Path) -> str:
 def convert_adapter(adapter_dir: Path, base_gguf: Path, out_path: Path) -> Path:
     """Write `adapter_dir` (peft: adapter_config.json + adapter_model.safetensors) as GGUF."""
     from gguf import GGUFWriter
+    from safetensors.torch import load_file  # numpy has no bfloat16 (an adapter may be stored in it)
 
     config = json.loads((adapter_dir / "adapter_config.json").read_text())
     unsupported = [k for k in ("use_dora", "use_rslora", "modules_to_save", "rank_pattern", "alpha_pattern") if config.get(k)]
@@ -61,7 +61,7 @@ def convert_adapter(adapter_dir: Path, base_gguf: Path, out_path: Path) -> Path:
             raise AdapterNotConvertible(f"{adapter_dir}: no GGUF name for adapter tensor {key}")
         layer, module, side = match.groups()
         name = f"blk.{layer}.{_MODULES[module]}.weight.lora_{side.lower()}"
-        writer.add_tensor(name, np.ascontiguousarray(tensors[key], dtype=np.float32))
+        writer.add_tensor(name, np.ascontiguousarray(tensors[key].float().numpy()))  # bf16 stored: f32 here
     out_path.parent.mkdir(parents=True, exist_ok=True)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
