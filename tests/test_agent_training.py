@@ -125,15 +125,21 @@ def _agent_examples() -> list[dict]:
     return rows
 
 
-def test_agent_training_goes_on_from_the_cascade_and_retrains_the_head(tmp_path) -> None:
+def _prepared(tmp_path, next_step_per_source: int):
+    """A tiny cascade prepared on the agent examples: (data file, large, small, artifact)."""
     data = tmp_path / "toy.jsonl"
     data.write_text("\n".join(json.dumps(r) for r in _agent_examples()) + "\n")
     large, small = tiny_backend(hidden_size=48, seed=1), tiny_backend(hidden_size=32, seed=2)
     out = tmp_path / "artifact"
     prepare(PrepareConfig(large_model="tiny-large", small_model="tiny-small", data=[str(data)], val_fraction=0.2,
                           shard_size=4, retriever={"proj_dim": 16, "epochs": 2, "lr": 1e-2, "refusal_head": True},
-                          lora_rank=4, sft_grad_accum=2, next_step_per_source=4, off_topic_gate=False),
+                          lora_rank=4, sft_grad_accum=2, next_step_per_source=next_step_per_source, off_topic_gate=False),
             out, large=large, small=small)
+    return data, large, small, out
+
+
+def test_agent_training_goes_on_from_the_cascade_and_retrains_the_head(tmp_path) -> None:
+    data, large, _, out = _prepared(tmp_path, next_step_per_source=4)
     adapter = (out / "adapter" / "adapter_model.safetensors").read_bytes()
     projector = (out / "projector.safetensors").read_bytes()
     config = AgentTrainingConfig(per_source=4, chained_per_source=3, max_items=12, replay=4, sft_grad_accum=2)
@@ -152,14 +158,7 @@ def test_agent_training_goes_on_from_the_cascade_and_retrains_the_head(tmp_path)
 
 
 def test_an_after_results_model_leaves_first_requests_to_the_cascade(tmp_path) -> None:
-    data = tmp_path / "toy.jsonl"
-    data.write_text("\n".join(json.dumps(r) for r in _agent_examples()) + "\n")
-    large, small = tiny_backend(hidden_size=48, seed=1), tiny_backend(hidden_size=32, seed=2)
-    out = tmp_path / "artifact"
-    prepare(PrepareConfig(large_model="tiny-large", small_model="tiny-small", data=[str(data)], val_fraction=0.2,
-                          shard_size=4, retriever={"proj_dim": 16, "epochs": 2, "lr": 1e-2, "refusal_head": True},
-                          lora_rank=4, sft_grad_accum=2, next_step_per_source=0, off_topic_gate=False),
-            out, large=large, small=small)
+    data, large, small, out = _prepared(tmp_path, next_step_per_source=0)
     own = {p: (out / p).read_bytes() for p in ("adapter/adapter_model.safetensors", "projector.safetensors")}
     with pytest.raises(ValueError, match="after results"):
         train_agent_steps(out, [str(data)], "transformers", tmp_path / "cache", AgentTrainingConfig(separate=True))
