@@ -263,3 +263,23 @@ class SoftTokenEncoder:
             hidden = self.backend.hidden_of_lines(prefix, lines)
             out.update((i, h.float().mean(0)) for i, h in zip(batch, hidden))
         return torch.stack([out[i] for i in range(len(tools))]) if out else torch.empty(0, self.backend.hidden_size)
+
+
+class SharedLargePass:
+    """Lets cascade variants (the ablations) that answer the same request with the same large model
+    share its one forward pass: the first computes it, the others reuse the Encoding. Holds only the
+    latest request, which is all a side-by-side evaluation needs."""
+
+    def __init__(self) -> None:
+        self._key: str | None = None
+        self._encoding: Encoding | None = None
+
+    def encode(
+        self, encoder: SoftTokenEncoder, messages: Sequence[dict], tools: Sequence[Tool], source
+    ) -> tuple[Encoding, bool]:
+        """(encoding of `messages` over `source` (the tools or their LibraryCache), reused?)."""
+        key = json.dumps([list(messages), [t.to_json_schema() for t in tools]], sort_keys=True, default=repr)
+        if key == self._key and self._encoding is not None:
+            return self._encoding, True
+        self._key, self._encoding = key, encoder.encode(messages, source)
+        return self._encoding, False

@@ -59,7 +59,7 @@ from hyfunc.cascade.small_model import (
     load_projector,
     prompt_embeds,
 )
-from hyfunc.cascade.soft_token import Encoding, LibraryCache, SoftTokenEncoder
+from hyfunc.cascade.soft_token import Encoding, LibraryCache, SharedLargePass, SoftTokenEncoder
 from hyfunc.cascade.templating import TemplateDecoder, TemplatedOutput
 from hyfunc.errors import InputError
 from hyfunc.formats.calls import CallParseError, parse_calls
@@ -123,26 +123,6 @@ class LibraryState:
     tools: list[Tool]
     joint: LibraryCache | None = None
     per_function: PerFunctionLibrary | None = None
-
-
-class SharedLargePass:
-    """Lets cascade variants (the ablations) that answer the same request with the same large model
-    share its one forward pass: the first computes it, the others reuse the Encoding. Holds only the
-    latest request, which is all a side-by-side evaluation needs."""
-
-    def __init__(self) -> None:
-        self._key: str | None = None
-        self._encoding: Encoding | None = None
-
-    def encode(
-        self, encoder: SoftTokenEncoder, messages: Sequence[dict], tools: Sequence[Tool], source
-    ) -> tuple[Encoding, bool]:
-        """(encoding of `messages` over `source` (the tools or their LibraryCache), reused?)."""
-        key = json.dumps([list(messages), [t.to_json_schema() for t in tools]], sort_keys=True, default=repr)
-        if key == self._key and self._encoding is not None:
-            return self._encoding, True
-        self._key, self._encoding = key, encoder.encode(messages, source)
-        return self._encoding, False
 
 
 def _with_decoded(answer: Answer, out: TemplatedOutput, passes: str) -> Answer:
