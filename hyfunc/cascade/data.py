@@ -41,15 +41,6 @@ def jsonl_files(paths: PathLike | Iterable[PathLike]) -> list[Path]:
     return files
 
 
-def data_hash(paths: Iterable[PathLike]) -> str:
-    """sha256 over the data files' names and bytes (a directory: its *.jsonl), in name order."""
-    digest = hashlib.sha256()
-    for path in sorted(jsonl_files(paths)):
-        digest.update(path.name.encode())
-        digest.update(path.read_bytes())
-    return digest.hexdigest()
-
-
 def load_examples(paths: PathLike | Iterable[PathLike]) -> list[Example]:
     """Read JSON Lines files (or directories of them); errors name the file and line."""
     examples: list[Example] = []

@@ -19,6 +19,7 @@ Training data never include BFCL: they come from the given JSON Lines files (fc-
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import random
@@ -37,7 +38,6 @@ from hyfunc.cascade.data import (
     Example,
     augment_refusals,
     call_pattern,
-    data_hash,
     load_examples,
     repeated_examples,
     sample_by_pattern,
@@ -106,6 +106,14 @@ class PrepareConfig:
     max_examples: int | None = None  # a sample of the data, balanced by call pattern (embedding time is linear in it)
     library: str | None = None  # a large tool library (JSON Lines): also train a retriever for it, per-function mode
     seed: int = 0
+
+
+def data_hash(paths: Sequence[str]) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(p for item in map(Path, paths) for p in ([item] if item.is_file() else sorted(item.glob("*.jsonl")))):
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -127,13 +127,6 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         print(json.dumps({"artifact": args.out, "off_topic_gate": metrics}, indent=2))
         return 0
 
-    if args.relevance_only:
-        from hyfunc.cascade.relevance import add_relevance
-
-        if not (Path(args.out) / MANIFEST).is_file():
-            raise InputError(f"--relevance-only: {args.out} is not a prepared cascade (no manifest.json)")
-        print(json.dumps({"artifact": args.out, "relevance": add_relevance(Path(args.out), args.data, args.seed)}, indent=2))
-        return 0
     if args.next_step_only:
         return _prepare_next_step(args)
     if args.agent_only:

@@ -220,9 +220,6 @@ def _add_prepare_parser(sub: argparse._SubParsersAction) -> None:
     )
     prep.add_argument("--gate-only", action="store_true",
                       help="only (re)train the off-topic gate of the cascade already in --out, on --data")
-    prep.add_argument("--relevance-only", action="store_true",
-                      help="only (re)train the relevance check (a cross-encoder over request and selected tool) of the "
-                      "cascade in --out, on --data")
     prep.add_argument("--next-step-only", action="store_true",
                       help="only (re)train the next-step head (answer or call after a tool result) of the cascade in --out")
     prep.add_argument("--agent-only", action="store_true",

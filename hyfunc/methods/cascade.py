@@ -22,8 +22,6 @@ An artifact directory (written by `hyfunc prepare`) holds what was trained::
     next_step/           answer or call after tool results (cascade/next_step.py), optional
     after_results/       the small model's adapter and projector for the calls after tool results
                          (cascade/after_results.py), optional
-    relevance/           a cross-encoder over (request, selected tool): refuses when no selected
-                         tool does what the request asks (cascade/relevance.py), optional
 
 After tool results (an agent loop's next turn), the large model reads the conversation in its
 own chat template, and the artifact's next-step head (`next_step/`, cascade/next_step.py) decides
@@ -53,7 +51,6 @@ from hyfunc.cascade.library import DISK_CACHE_BYTES, LibraryEmbedding, PerFuncti
 from hyfunc.cascade.manifest import MANIFEST
 from hyfunc.cascade.next_step import NEXT_STEP_DIR, NextStepHead
 from hyfunc.cascade.off_topic import GATE_DIR, OffTopicGate
-from hyfunc.cascade.relevance import RELEVANCE_DIR, RelevanceModel
 from hyfunc.cascade.retriever import Retriever
 from hyfunc.cascade.small_model import (
     SmallPrompt,
@@ -85,7 +82,6 @@ class CascadeOptions:
     retriever: bool = True  # False: the small model sees every offered tool
     templating: bool = True  # False: free greedy decoding of the call text, then parsed
     off_topic_gate: bool = True  # refuse small talk with the artifact's off-topic gate, if it has one
-    relevance: bool = True  # refuse when the artifact's relevance check finds no selected tool relevant
     # Scalar values written by the large model from its state after its pass (when that pass
     # read the tools), the rest by the small model (cascade/large_values.py): free strings,
     # enum members, numbers.
@@ -158,12 +154,10 @@ class HyFuncMethod:
         gate: OffTopicGate | None = None,
         next_step: NextStepHead | None = None,
         after_results: SmallWriter | None = None,
-        relevance: RelevanceModel | None = None,
     ):
         self.large, self.small = large, small
         self.next_step = next_step  # after tool results: answer in text, or go on to a call
         self.after_results = after_results  # writes the calls after tool results, if given
-        self.relevance = relevance  # a second opinion on the retriever's selection of a first request
         self.encoder = SoftTokenEncoder(large)
         self.retriever = retriever
         self.library_retriever = library_retriever
@@ -208,7 +202,7 @@ class HyFuncMethod:
         request's large-model pass, so a side-by-side run pays for it once."""
         variant = HyFuncMethod(
             self.large, self.small, self.retriever, self.projector, options, name, self._shared_pass(), self.library_retriever,
-            self.gate, self.next_step, self.after_results, self.relevance,
+            self.gate, self.next_step, self.after_results,
         )
         variant.artifact = self.artifact
         return variant
@@ -235,10 +229,8 @@ class HyFuncMethod:
         gate = OffTopicGate.load(directory / GATE_DIR) if (directory / GATE_DIR).is_dir() else None
         next_step = NextStepHead.load(directory / NEXT_STEP_DIR) if (directory / NEXT_STEP_DIR).is_dir() else None
         after_results = load_after_results(directory, manifest["small_model"], small_engine, device)
-        relevance = RelevanceModel.load(directory / RELEVANCE_DIR) if (directory / RELEVANCE_DIR).is_dir() else None
         method = cls(large, small, retriever, projector, options, name=f"hyfunc:{directory.name}",
-                     library_retriever=library_retriever, gate=gate, next_step=next_step, after_results=after_results,
-                     relevance=relevance)
+                     library_retriever=library_retriever, gate=gate, next_step=next_step, after_results=after_results)
         method.artifact = directory
         method._writer([]).warm_up()
         return method
@@ -258,7 +250,6 @@ class HyFuncMethod:
             "off_topic_gate": asdict(self.gate.config) if self.gate is not None else None,
             "next_step": self.next_step.config.threshold if self.next_step is not None else None,
             "after_results": self.after_results.backend.description if self.after_results is not None else None,
-            "relevance": self.relevance.config.threshold if self.relevance is not None else None,
             "max_prompt_tools": self.MAX_PROMPT_TOOLS,
         }
 
@@ -436,14 +427,6 @@ class HyFuncMethod:
                 **next_step,
             },
         )
-        if selected and not next_step and self.relevance is not None and self.options.relevance:
-            start = time.perf_counter()
-            best = self.relevance.best(request, selected)
-            timings["relevance"] = time.perf_counter() - start
-            answer.details["relevance"] = round(best, 4)
-            if best < self.relevance.config.threshold:
-                answer.details["refused_by"] = "relevance"
-                selected = []
         if not selected:
             if on_text is not None:
                 on_text(calls_text([]))

@@ -43,16 +43,6 @@ def minilm_dir() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "model"
 
 
-def checked_minilm_dir() -> Path:
-    """`minilm_dir()` once its weights are checked to be all-MiniLM-L6-v2's."""
-    path = minilm_dir()
-    weights = path / "model.safetensors"
-    digest = hashlib.sha256(weights.read_bytes()).hexdigest()
-    if digest != MINILM_SHA256:
-        raise FeatureError(f"{weights} has sha256 {digest}, not all-MiniLM-L6-v2's {MINILM_SHA256}")
-    return path
-
-
 class MiniLMEmbedder:
     """Unit-length 384-d sentence embeddings; loads (and checks) the weights on first use."""
 
@@ -73,7 +63,11 @@ class MiniLMEmbedder:
             import torch
             from transformers import AutoModel, AutoTokenizer
 
-            path = checked_minilm_dir()
+            path = minilm_dir()
+            weights = path / "model.safetensors"
+            digest = hashlib.sha256(weights.read_bytes()).hexdigest()
+            if digest != MINILM_SHA256:
+                raise FeatureError(f"{weights} has sha256 {digest}, not all-MiniLM-L6-v2's {MINILM_SHA256}")
             self._tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
             model = AutoModel.from_pretrained(path, local_files_only=True, dtype=torch.float32)
             self._model = model.to(self._device).eval()
