@@ -166,7 +166,7 @@ class HyFuncMethod:
         self.options = options or CascadeOptions()
         if self.options.soft_token and self.projector is None:
             raise ValueError("the soft-token prefix needs a trained projector")
-        self.decoder = TemplateDecoder(small)
+        self.writer = SmallWriter(small, self.projector, TemplateDecoder(small))  # answers requests
         self._large_decoder: TemplateDecoder | None = None  # built on first use (vocabulary tables)
         self._small_prefixes = threading.local()  # PrefixCaches per thread: batched requests run side by side
         self.name = name
@@ -232,7 +232,7 @@ class HyFuncMethod:
         method = cls(large, small, retriever, projector, options, name=f"hyfunc:{directory.name}",
                      library_retriever=library_retriever, gate=gate, next_step=next_step, after_results=after_results)
         method.artifact = directory
-        method._writer([]).warm_up()
+        method.writer.warm_up()
         return method
 
     @property
@@ -331,7 +331,7 @@ class HyFuncMethod:
         has it and the conversation ends with tool results."""
         if self.after_results is not None and ends_with_tool_results(messages):
             return self.after_results
-        return SmallWriter(self.small, self.projector, self.decoder)
+        return self.writer
 
     def _small_prefill(self, small: BackendBase, prompt: SmallPrompt, embeds: torch.Tensor) -> tuple[StepOutput, int]:
         """The small model's pass over its prompt. The token ids before the soft token go through
@@ -339,7 +339,9 @@ class HyFuncMethod:
         there (the instruction always, the tools too when the same ones were retrieved) is not run
         again (exact); the soft token and the rest follow as embeddings."""
         caches = self._small_prefixes.__dict__.setdefault("caches", {})
-        prefix = caches.get(id(small)) or caches.setdefault(id(small), PrefixCache(small))
+        prefix = caches.get(id(small))
+        if prefix is None:
+            prefix = caches[id(small)] = PrefixCache(small)
         step, reused = prefix.run(prompt.before_ids)
         rest = embeds[len(prompt.before_ids):]
         return (small.forward(embeds=rest, cache=step.cache) if len(rest) else step), reused
