@@ -11,7 +11,13 @@ Conversations (`hyfunc/cascade/agent_steps.py`), from validation examples only:
   only A's calls are made;
 - chained, after A's results (one holds B's value) -> exact when B's call is made with it;
 - joined opening: two independent requests "A. Then B" (or "Also", a new line), nothing called
-  yet -> exact when every call of both is made.
+  yet -> exact when every call of both is made;
+- follow-ups: request A done (calls, results, a text reply), then the user's next message:
+  another request B of A's source, B's tools offered beside A's -> exact when B's calls are made;
+  a request of another source, only A's tools offered, or small talk (hyfunc/data's held-out
+  off-topic lines) -> right when no call is made. Each row also says what the cascade would have
+  done deciding "no tool fits" on the conversation alone (`CascadeOptions.follow_up_alone` off):
+  where the conversation's answerability refused, no call.
 Exact = `same_calls` (names and arguments after normalisation, any order). Every cascade answers
 the same conversations, one after the other, on the same engine.
 """
@@ -27,18 +33,22 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from hyfunc.cascade.agent_steps import ANSWER, AgentStep, agent_steps, chained_steps, joined_openings
+from hyfunc.cascade.agent_steps import ANSWER, AgentStep, agent_steps, chained_steps, follow_ups, joined_openings
 from hyfunc.cascade.data import load_examples, split_examples
 from hyfunc.data import FC_TRAIN
 from hyfunc.eval.provenance import provenance
+from hyfunc.eval.refusal import held_out_off_topic
 from hyfunc.formats.calls import Call, same_calls
 from hyfunc.methods.cascade import HyFuncMethod
 
 
-KINDS = ("answer", "calls_left", "chained_opening", "chained_after_results", "joined_opening")
+KINDS = ("answer", "calls_left", "chained_opening", "chained_after_results", "joined_opening",
+         "follow_up", "follow_up_unrelated", "follow_up_small_talk")
 
 
 def kind(step: AgentStep) -> str:
+    if step.form.startswith("follow_up"):
+        return step.form
     if step.label == ANSWER:
         return "answer"
     if not step.after_results:
@@ -65,7 +75,8 @@ def main() -> int:
 
     _, val = split_examples(load_examples(args.data))
     steps = agent_steps(val, args.per_source, args.seed) + chained_steps(val, args.per_source, args.seed)
-    steps = [s for s in steps + joined_openings(val, args.per_source, args.seed) if kind(s) in args.kinds]
+    steps += joined_openings(val, args.per_source, args.seed) + follow_ups(val, args.per_source, held_out_off_topic(), args.seed)
+    steps = [s for s in steps if kind(s) in args.kinds]
     methods = {}
     for path in args.artifacts:
         methods[path] = HyFuncMethod.load(path, large_engine=args.engine, small_engine=args.engine)
@@ -75,9 +86,14 @@ def main() -> int:
         for label, method in methods.items():
             start = time.perf_counter()
             answer = method.answer(step.messages, step.tools)
+            # Refused by the conversation's answerability, rescued by the new message's alone.
+            rescued = "answerability_follow_up" in answer.details and bool(answer.calls)
             row[label] = {"right": right(step, answer.calls), "seconds": round(time.perf_counter() - start, 3),
                           "calls": [[c.name, c.arguments] for c in answer.calls],
-                          "next_step": answer.details.get("next_step")}
+                          "next_step": answer.details.get("next_step"),
+                          "right_conversation_alone": right(step, [] if rescued else answer.calls),
+                          **{k: answer.details[k] for k in ("answerability", "answerability_conversation",
+                                                            "answerability_follow_up", "refused_by") if k in answer.details}}
         rows.append(row)
     summary = {}
     for label in methods:
@@ -85,8 +101,12 @@ def main() -> int:
         for r in rows:
             per_kind[r["kind"]][0] += r[label]["right"]
             per_kind[r["kind"]][1] += 1
+        alone: dict[str, int] = defaultdict(int)
+        for r in rows:
+            alone[r["kind"]] += r[label]["right_conversation_alone"]
         summary[label] = {"right": sum(r[label]["right"] for r in rows), "n": len(rows),
                           "by_kind": {k: f"{a}/{n}" for k, (a, n) in sorted(per_kind.items())},
+                          "by_kind_conversation_alone": {k: f"{alone[k]}/{n}" for k, (_, n) in sorted(per_kind.items())},
                           "median_seconds": statistics.median(r[label]["seconds"] for r in rows)}
     result = {"command": sys.argv, "provenance": provenance(list(methods.values())),
               "kinds": dict(Counter(r["kind"] for r in rows)), "summary": summary, "rows": rows}

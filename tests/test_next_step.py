@@ -3,18 +3,21 @@ the next-step head, and the cascade and server deciding with it (tiny random mod
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from hyfunc.cascade.agent_steps import ANSWER, CALL, agent_steps, tool_result
+from hyfunc.cascade.agent_steps import ANSWER, CALL, agent_steps, follow_ups, tool_result
 from hyfunc.cascade.data import load_examples
 from hyfunc.cascade.next_step import NextStepConfig, NextStepHead, best_threshold, fit_head, held_out_scores
+from hyfunc.cascade.retriever import Retriever
 from hyfunc.data import FC_TRAIN
-from hyfunc.formats.messages import conversation_text, plain_chat
+from hyfunc.formats.messages import conversation_text, follow_up_alone, plain_chat
 from hyfunc.formats.schema import parse_tools
+from hyfunc.methods.cascade import CascadeOptions
 from hyfunc.serving import ServeConfig, create_app
 from tests.serve_app import LARGE_HIDDEN, tiny_cascade
 from tests.test_serve_sdk import TOOLS
@@ -77,6 +80,64 @@ def test_agent_steps_end_with_results_of_calls_made_and_say_what_is_left(steps: 
         assert all(c["name"] in names for c in step.remaining)
     again = agent_steps(load_examples(FC_TRAIN), per_source=20, seed=0)
     assert [s.messages for s in again] == [s.messages for s in steps]  # seeded
+
+
+def test_follow_ups_are_a_finished_request_then_another_request_or_none_for_the_offered_tools() -> None:
+    small_talk = ["Thanks, that is all.", "Tell me a joke."]
+    made = follow_ups(load_examples(FC_TRAIN), per_source=2, small_talk=small_talk, seed=0)
+    kinds = {s.form for s in made}
+    assert kinds == {"follow_up", "follow_up_unrelated", "follow_up_small_talk"}
+    assert len(made) == 3 * 2 * 7  # three kinds, two pairs per source, seven sources
+    for step in made:
+        history, last = step.messages[:-1], step.messages[-1]
+        assert history[0]["role"] == "user" and history[-1]["role"] == "assistant" and history[-1]["content"]
+        assert any(m["role"] == "tool" for m in history) and last["role"] == "user"
+        assert follow_up_alone(step.messages) == [last]
+        first = {c["function"]["name"] for m in history for c in m.get("tool_calls") or []}
+        names = {t.name for t in step.tools}
+        assert first <= names
+        if step.form == "follow_up":  # the next request's tools are offered beside the first one's
+            assert step.label == CALL and step.remaining and {c["name"] for c in step.remaining} <= names
+        else:
+            assert step.label == ANSWER and not step.remaining
+        if step.form == "follow_up_small_talk":
+            assert last["content"] in small_talk
+    again = follow_ups(load_examples(FC_TRAIN), per_source=2, small_talk=small_talk, seed=0)
+    assert [s.messages for s in again] == [s.messages for s in made]  # seeded
+
+
+def test_a_follow_up_is_refused_only_where_neither_the_conversation_nor_its_new_message_fits_a_tool() -> None:
+    system = {"role": "system", "content": "Be brief."}
+    done = [*LOOP, {"role": "assistant", "content": "12 degrees and rain in Oslo."}]
+    assert follow_up_alone(LOOP) is None and follow_up_alone(LOOP[:1]) is None and follow_up_alone(done) is None
+    follow_up = [system, *done, {"role": "user", "content": "And in Bergen?"}]
+    assert follow_up_alone(follow_up) == [system, follow_up[-1]]
+    cascade, tools = tiny_cascade(), parse_tools(TOOLS)
+    torch.manual_seed(0)
+    cascade.retriever = Retriever(replace(cascade.retriever.config, refusal_head=True)).eval()
+
+    def answerabilities() -> tuple[float, float]:
+        return (cascade._answerability(follow_up, tools, cascade.retriever)[0],
+                cascade._answerability(follow_up_alone(follow_up), tools, cascade.retriever)[0])
+
+    conversation, alone = answerabilities()
+    if conversation > alone:  # a head that rates the new message alone higher: the case to rescue
+        with torch.no_grad():
+            cascade.retriever.refusal.weight.neg_()
+            cascade.retriever.refusal.bias.neg_()
+        conversation, alone = answerabilities()
+    assert conversation < alone
+    cascade.retriever.config.refusal_threshold = (conversation + alone) / 2
+    rescued = cascade.answer(follow_up, tools)
+    assert rescued.calls and "follow_up_prefill" in rescued.timings
+    assert rescued.details["answerability_conversation"] == pytest.approx(conversation, abs=1e-3)
+    assert rescued.details["answerability_follow_up"] == pytest.approx(alone, abs=1e-3)
+    off = cascade.variant(CascadeOptions(follow_up_alone=False), "conversation alone")
+    assert off.answer(follow_up, tools).calls == []
+    # above both, refused; a first request never reads itself twice
+    cascade.retriever.config.refusal_threshold = max(conversation, alone) + 1.0
+    assert cascade.answer(follow_up, tools).calls == []
+    assert "follow_up_prefill" not in cascade.answer(LOOP[:1], tools).timings
 
 
 def test_tool_results_are_json_or_prose_about_the_call() -> None:

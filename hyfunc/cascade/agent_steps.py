@@ -15,6 +15,8 @@ calls but no results, so the conversations are extended call -> plausible result
 - joined openings (optional): two independent requests asked at once, before any call: every
   call of both is due at once. The chained opening's counterpart, with the same joiners ("Then",
   a new line): only a reference to a returned value defers the second request's calls
+- follow-ups (validation): a request done and answered, then the user's next message: another
+  request ("call"), one no offered tool fits, or small talk ("answer")
 
 Results are synthesized from the call (its arguments and an outcome), as JSON or prose, so the
 decision is learned from what was asked and what was done, not from any result's wording.
@@ -239,6 +241,35 @@ def joined_openings(examples: Sequence[Example], per_source: int, seed: int = 0)
             out.append(AgentStep(f"{first.id}&{second.id}:opening", source, [user], list(first.tools) + list(second.tools),
                                  CALL, _calls(first) + _calls(second), origin=(first.id, second.id), form="joined"))
             made += 1
+    return out
+
+
+def follow_ups(examples: Sequence[Example], per_source: int, small_talk: Sequence[str], seed: int = 0) -> list[AgentStep]:
+    """A finished request (its calls, their results, a text reply), then the user's next message,
+    up to `per_source` of each kind per source: another request of the source, its tools offered
+    beside the first one's ("call": its calls); a request of another source whose tools are not
+    offered ("answer": no tool fits); a line of `small_talk` ("answer")."""
+    rng = random.Random(f"follow-ups:{seed}")
+    by_source = _by_source(examples)
+    out: list[AgentStep] = []
+    for source, pool in sorted(by_source.items()):
+        rng.shuffle(pool)
+        others = [ex for s, exs in sorted(by_source.items()) if s != source for ex in exs]
+        pairs = [(a, b) for a, b in zip(pool[::2], pool[1::2]) if not _share_tools(a, b)][:per_source]
+        for i, (first, second) in enumerate(pairs):
+            done, facts = _call_turns(_calls(first), "f", rng, rng.random() < 0.5)
+            history = [{"role": "user", "content": first.query}, *done,
+                       {"role": "assistant", "content": "Here is what I found: " + "; ".join(facts) + "."}]
+            tools = list(first.tools) + list(second.tools)
+            rng.shuffle(tools)
+            unrelated = rng.choice([ex for ex in others if not _share_tools(first, ex)])
+            for form, request, offered, label, remaining in (
+                ("follow_up", second.query, tools, CALL, _calls(second)),
+                ("follow_up_unrelated", unrelated.query, list(first.tools), ANSWER, []),
+                ("follow_up_small_talk", rng.choice(small_talk), list(first.tools), ANSWER, []),
+            ):
+                out.append(AgentStep(f"{first.id}:{form}:{i}", source, [*history, {"role": "user", "content": request}],
+                                     offered, label, remaining, origin=(first.id,), form=form))
     return out
 
 

@@ -47,6 +47,15 @@ def ends_with_tool_results(messages: Sequence[Mapping[str, Any]]) -> bool:
     return bool(messages) and messages[-1].get("role") == "tool"
 
 
+def follow_up_alone(messages: Sequence[Mapping[str, Any]]) -> list[dict] | None:
+    """For a conversation that ends with a user message after earlier turns (a follow-up: "and
+    in Berlin?", "now book it"), that message alone with the system messages; else None."""
+    turns = [m for m in messages if m.get("role") in ("user", "assistant", "tool")]
+    if len(turns) < 2 or turns[-1].get("role") != "user":
+        return None
+    return [dict(m) for m in messages if m.get("role") in ("system", "developer")] + [dict(turns[-1])]
+
+
 def has_tool_turns(messages: Sequence[Mapping[str, Any]]) -> bool:
     return any(m.get("role") == "tool" or m.get("tool_calls") for m in messages)
 

@@ -63,54 +63,16 @@ from hyfunc.cascade.soft_token import Encoding, LibraryCache, SharedLargePass, S
 from hyfunc.cascade.templating import TemplateDecoder, TemplatedOutput
 from hyfunc.errors import InputError
 from hyfunc.formats.calls import CallParseError, parse_calls
-from hyfunc.formats.messages import conversation_text, ends_with_tool_results
+from hyfunc.formats.messages import conversation_text, ends_with_tool_results, follow_up_alone
 from hyfunc.formats.schema import Tool
 from hyfunc.methods.base import Answer, calls_text
+from hyfunc.methods.cascade_options import CascadeOptions
 from hyfunc.models.base import BackendBase, PrefixCache, StepOutput
 from hyfunc.models.engines import load_backend, resolve_engine
 
 RANKING_SHOWN = 32  # tools listed, best first, in an answer's details
 #: The trained default cascade shipped inside the package (made by `hyfunc prepare`, see its manifest).
 DEFAULT_ARTIFACT = Path(__file__).resolve().parents[1] / "data" / "cascade"
-
-
-@dataclass
-class CascadeOptions:
-    """Switches for the ablations; all on is the HyFunc cascade."""
-
-    soft_token: bool = True  # insert the projected soft token into the small model's prompt
-    retriever: bool = True  # False: the small model sees every offered tool
-    templating: bool = True  # False: free greedy decoding of the call text, then parsed
-    off_topic_gate: bool = True  # refuse small talk with the artifact's off-topic gate, if it has one
-    # Scalar values written by the large model from its state after its pass (when that pass
-    # read the tools), the rest by the small model (cascade/large_values.py): free strings,
-    # enum members, numbers.
-    large_values: bool = True
-    large_choices: bool = True
-    large_numbers: bool = True
-    # A large model's string brought into the form its description shows by examples: with no
-    # separator where they have one ("San Francisco" for 'City, State') it goes on from the
-    # separator; ISO dates get two-digit months and days (large_values.py).
-    described_forms: bool = True
-    # The large model's values drafted from the small model's and from the request: the same
-    # values, fewer passes of the large model (large_values.py).
-    value_drafts: bool = True
-    # Another call where the request lists an alternative to a value the calls use ("copper and
-    # aluminum") and no call uses it (templating/alternatives.py).
-    alternatives: bool = True
-    # False: the large model writes the whole call list itself, continuing its pass over
-    # [instruction + tools + request] under the templating decoder (constrained to the retrieved
-    # tools), and the small model is not run: no small-model prefill of the retrieved tools.
-    small_model: bool = True
-
-    @classmethod
-    def without(cls, *stages: str) -> CascadeOptions:
-        """Every stage on but `stages` (an ablation)."""
-        return cls(**{stage: False for stage in stages})
-
-    def large_value_kinds(self) -> tuple[str, ...]:
-        on = {"string": self.large_values, "choice": self.large_choices, "number": self.large_numbers}
-        return tuple(kind for kind, enabled in on.items() if enabled)
 
 
 @dataclass
@@ -319,12 +281,23 @@ class HyFuncMethod:
             encoding = self.encoder.encode_request(messages)
             encoding.function_embeddings = per_function.embeddings
             return encoding, False, self.library_retriever
-        library = self._library if self._library is not None and self._library.tools == list(tools) else None
+        library = self._held_library(tools)
         source = library if library is not None else tools
         if self.shared_pass is not None:
             encoding, reused = self.shared_pass.encode(self.encoder, messages, tools, source)
             return encoding, reused, self.retriever
         return self.encoder.encode(messages, source), False, self.retriever
+
+    def _held_library(self, tools: Sequence[Tool]) -> LibraryCache | None:
+        return self._library if self._library is not None and self._library.tools == list(tools) else None
+
+    @torch.no_grad()
+    def _answerability(self, messages: Sequence[dict], tools: Sequence[Tool], retriever: Retriever) -> tuple[float, float]:
+        """(the refusal head's answerability of `messages` over `tools`, seconds of its large pass)."""
+        library = self._held_library(tools)
+        encoding = self.encoder.encode(messages, library if library is not None else tools)
+        cosine = retriever.scores(encoding.soft_token, encoding.function_embeddings)
+        return float(retriever.answerability(encoding.soft_token, [cosine])), encoding.seconds
 
     def _writer(self, messages: Sequence[dict]) -> SmallWriter:
         """The small model that writes this request's calls: the after-results one, if the cascade
@@ -413,6 +386,13 @@ class HyFuncMethod:
         # tools (its refusal head learned first requests, not conversations).
         if next_step:
             answerable = math.inf
+        alone = follow_up_alone(messages) if self.options.follow_up_alone and per_function is None else None
+        follow_up: dict = {}
+        if alone is not None and len(tools) and answerable < retriever.config.refusal_threshold:
+            alone_answerable, timings["follow_up_prefill"] = self._answerability(alone, tools, retriever)
+            follow_up = {"answerability_conversation": round(answerable, 4),
+                         "answerability_follow_up": round(alone_answerable, 4)}
+            answerable = max(answerable, alone_answerable)
         chosen = retriever.select_from_scores(scores, answerable) if len(tools) else []
         selected = [tools[i] for i in chosen] if self.options.retriever else list(tools)
         timings["retrieve"] = time.perf_counter() - start
@@ -427,6 +407,7 @@ class HyFuncMethod:
                 "scores": [round(float(scores[i]), 4) for i in ranking],
                 "retrieved": [tools[i].name for i in chosen],
                 **next_step,
+                **follow_up,
             },
         )
         if not selected:
