@@ -15,9 +15,8 @@ Conversations (`hyfunc/cascade/agent_steps.py`), from validation examples only:
 - follow-ups: request A done (calls, results, a text reply), then the user's next message:
   another request B of A's source, B's tools offered beside A's -> exact when B's calls are made;
   a request of another source, only A's tools offered, or small talk (hyfunc/data's held-out
-  off-topic lines) -> right when no call is made. Each row also says what the cascade would have
-  done deciding "no tool fits" on the conversation alone (`CascadeOptions.follow_up_alone` off):
-  where the conversation's answerability refused, no call.
+  off-topic lines) -> right when no call is made. Rows keep the refusal head's answerabilities
+  (`scripts/follow_up_rules.py` replays other rules on them).
 Exact = `same_calls` (names and arguments after normalisation, any order). Every cascade answers
 the same conversations, one after the other, on the same engine.
 """
@@ -86,14 +85,11 @@ def main() -> int:
         for label, method in methods.items():
             start = time.perf_counter()
             answer = method.answer(step.messages, step.tools)
-            # Refused by the conversation's answerability, rescued by the new message's alone.
-            rescued = "answerability_follow_up" in answer.details and bool(answer.calls)
             row[label] = {"right": right(step, answer.calls), "seconds": round(time.perf_counter() - start, 3),
                           "calls": [[c.name, c.arguments] for c in answer.calls],
                           "next_step": answer.details.get("next_step"),
-                          "right_conversation_alone": right(step, [] if rescued else answer.calls),
-                          **{k: answer.details[k] for k in ("answerability", "answerability_conversation",
-                                                            "answerability_follow_up", "refused_by") if k in answer.details}}
+                          **{k: answer.details[k] for k in ("answerability", "answerability_conversation", "refused_by")
+                             if k in answer.details}}
         rows.append(row)
     summary = {}
     for label in methods:
@@ -101,12 +97,8 @@ def main() -> int:
         for r in rows:
             per_kind[r["kind"]][0] += r[label]["right"]
             per_kind[r["kind"]][1] += 1
-        alone: dict[str, int] = defaultdict(int)
-        for r in rows:
-            alone[r["kind"]] += r[label]["right_conversation_alone"]
         summary[label] = {"right": sum(r[label]["right"] for r in rows), "n": len(rows),
                           "by_kind": {k: f"{a}/{n}" for k, (a, n) in sorted(per_kind.items())},
-                          "by_kind_conversation_alone": {k: f"{alone[k]}/{n}" for k, (_, n) in sorted(per_kind.items())},
                           "median_seconds": statistics.median(r[label]["seconds"] for r in rows)}
     result = {"command": sys.argv, "provenance": provenance(list(methods.values())),
               "kinds": dict(Counter(r["kind"] for r in rows)), "summary": summary, "rows": rows}

@@ -1,6 +1,8 @@
 """Which "no tool fits" rule for a follow-up turn, replayed exactly on a follow-up validation run
-(`scripts/agent_step_validation.py --kinds follow_up follow_up_unrelated follow_up_small_talk`,
-run with `follow_up_alone` on, so that its calls are what any rule that calls would write).
+(`scripts/agent_step_validation.py --kinds follow_up follow_up_unrelated follow_up_small_talk`)
+made where the cascade called whenever either pass found a tool fits (the code of commit f6fa0f5:
+`answerability_follow_up` in a row where the conversation's refused), so that its calls are what
+any rule that calls would write.
 
 The refusal head's answerability of the new message alone is computed for every conversation
 (the run has it only where the conversation's refused); then each rule decides call or no call:

@@ -106,7 +106,7 @@ def test_follow_ups_are_a_finished_request_then_another_request_or_none_for_the_
     assert [s.messages for s in again] == [s.messages for s in made]  # seeded
 
 
-def test_a_follow_up_is_refused_only_where_neither_the_conversation_nor_its_new_message_fits_a_tool() -> None:
+def test_whether_a_tool_fits_a_follow_up_is_read_from_the_new_message_alone() -> None:
     system = {"role": "system", "content": "Be brief."}
     done = [*LOOP, {"role": "assistant", "content": "12 degrees and rain in Oslo."}]
     assert follow_up_alone(LOOP) is None and follow_up_alone(LOOP[:1]) is None and follow_up_alone(done) is None
@@ -115,28 +115,32 @@ def test_a_follow_up_is_refused_only_where_neither_the_conversation_nor_its_new_
     cascade, tools = tiny_cascade(), parse_tools(TOOLS)
     torch.manual_seed(0)
     cascade.retriever = Retriever(replace(cascade.retriever.config, refusal_head=True)).eval()
+    conversation_only = cascade.variant(CascadeOptions(follow_up_alone=False), "the conversation decides")
 
-    def answerabilities() -> tuple[float, float]:
-        return (cascade._answerability(follow_up, tools, cascade.retriever)[0],
-                cascade._answerability(follow_up_alone(follow_up), tools, cascade.retriever)[0])
-
-    conversation, alone = answerabilities()
-    if conversation > alone:  # a head that rates the new message alone higher: the case to rescue
+    def flip_head() -> tuple[float, float]:  # the head's answerabilities of (conversation, new message) negated
         with torch.no_grad():
             cascade.retriever.refusal.weight.neg_()
             cascade.retriever.refusal.bias.neg_()
-        conversation, alone = answerabilities()
-    assert conversation < alone
+        return (cascade._answerability(follow_up, tools, cascade.retriever)[0],
+                cascade._answerability(follow_up_alone(follow_up), tools, cascade.retriever)[0])
+
+    conversation, alone = flip_head()
+    if conversation > alone:
+        conversation, alone = flip_head()
+    # A tool fits the new message, not the conversation: called
     cascade.retriever.config.refusal_threshold = (conversation + alone) / 2
-    rescued = cascade.answer(follow_up, tools)
-    assert rescued.calls and "follow_up_prefill" in rescued.timings
-    assert rescued.details["answerability_conversation"] == pytest.approx(conversation, abs=1e-3)
-    assert rescued.details["answerability_follow_up"] == pytest.approx(alone, abs=1e-3)
-    off = cascade.variant(CascadeOptions(follow_up_alone=False), "conversation alone")
-    assert off.answer(follow_up, tools).calls == []
-    # above both, refused; a first request never reads itself twice
-    cascade.retriever.config.refusal_threshold = max(conversation, alone) + 1.0
+    called = cascade.answer(follow_up, tools)
+    assert called.calls and "follow_up_prefill" in called.timings
+    assert called.details["answerability"] == pytest.approx(alone, abs=1e-3)
+    assert called.details["answerability_conversation"] == pytest.approx(conversation, abs=1e-3)
+    assert conversation_only.answer(follow_up, tools).calls == []
+    # and the other way round: refused, where the conversation alone would have called
+    conversation, alone = flip_head()
+    assert conversation > alone
+    cascade.retriever.config.refusal_threshold = (conversation + alone) / 2
     assert cascade.answer(follow_up, tools).calls == []
+    assert conversation_only.answer(follow_up, tools).calls
+    # a first request reads itself once
     assert "follow_up_prefill" not in cascade.answer(LOOP[:1], tools).timings
 
 

@@ -388,14 +388,12 @@ class HyFuncMethod:
             answerable = math.inf
         alone = follow_up_alone(messages) if self.options.follow_up_alone and per_function is None else None
         follow_up: dict = {}
-        if alone is not None and len(tools) and answerable < retriever.config.refusal_threshold:
-            alone_answerable, timings["follow_up_prefill"] = self._answerability(alone, tools, retriever)
-            follow_up = {"answerability_conversation": round(answerable, 4),
-                         "answerability_follow_up": round(alone_answerable, 4)}
-            answerable = max(answerable, alone_answerable)
+        if alone is not None and len(tools):
+            follow_up = {"answerability_conversation": round(answerable, 4)}
+            answerable, timings["follow_up_prefill"] = self._answerability(alone, tools, retriever)
         chosen = retriever.select_from_scores(scores, answerable) if len(tools) else []
         selected = [tools[i] for i in chosen] if self.options.retriever else list(tools)
-        timings["retrieve"] = time.perf_counter() - start
+        timings["retrieve"] = time.perf_counter() - start - timings.get("follow_up_prefill", 0.0)
         # The best RANKING_SHOWN only: a per-function library has thousands of tools.
         ranking = torch.argsort(scores, descending=True, stable=True)[:RANKING_SHOWN].tolist()
         answer = Answer(

@@ -33,10 +33,11 @@ class CascadeOptions:
     # [instruction + tools + request] under the templating decoder (constrained to the retrieved
     # tools), and the small model is not run: no small-model prefill of the retrieved tools.
     small_model: bool = True
-    # On a follow-up user turn (earlier turns before it) a tool fits if the refusal head finds one
-    # for the conversation or for the new message alone: the head learned first requests, and
-    # reads a conversation as out of its distribution (one more short large-model pass, only
-    # where the conversation's alone would refuse).
+    # On a follow-up user turn (earlier turns before it), whether some tool fits is the refusal
+    # head's answer for the new message alone (one more short large-model pass), not for the
+    # conversation, which the head (trained on first requests) reads as answerable after any
+    # request; the tools are still ranked on the conversation's pass (a library read in one
+    # prompt; per function, the conversation decides).
     follow_up_alone: bool = True
 
     @classmethod
