@@ -113,6 +113,28 @@ def test_an_english_request_far_from_every_tool_is_refused_without_the_large_mod
     assert routed.answer(JOKE, tools).details["dismissed"] is True
 
 
+def test_the_gate_reads_a_follow_ups_new_message_not_the_transcript(embedder: MiniLMEmbedder) -> None:
+    from hyfunc.formats.messages import conversation_text
+
+    cascade, tools = tiny_cascade(), parse_tools(TOOLS)
+    follow_up = [
+        {"role": "user", "content": "What's the weather in Oslo?"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": '{"temperature": 12, "sky": "rain"}'},
+        {"role": "assistant", "content": "12 degrees and rain in Oslo."},
+        JOKE[0],
+    ]
+    cascade.gate = _gate(-1.0, -1.0, embedder)
+    transcript = cascade.gate.best_cosine(conversation_text(follow_up), tools)
+    alone = cascade.gate.best_cosine(JOKE[0]["content"], tools)
+    assert alone < transcript  # the transcript carries the weather request
+    cascade.gate = _gate(-1.0, -1.0, embedder, dismiss=(alone + transcript) / 2)
+    assert cascade.answer(follow_up, tools).details == {"refused_by": "off_topic_gate", "dismissed": True}
+    reading_the_transcript = cascade.variant(CascadeOptions(follow_up_alone=False), "transcript")
+    assert "dismissed" not in reading_the_transcript.answer(follow_up, tools).details
+
+
 def test_router_sends_suspected_small_talk_to_the_cascade(embedder: MiniLMEmbedder) -> None:
     from hyfunc.routing.routed import RoutedMethod, Routing
     from tests.odia_fixtures import length_router

@@ -342,7 +342,10 @@ class HyFuncMethod:
         request = _request_text(messages)
         gate = self.gate if self.options.off_topic_gate else None
         start = time.perf_counter()
-        screened = gate.screen(request, tools) if gate is not None else "clear"
+        alone = follow_up_alone(messages) if self.options.follow_up_alone else None
+        # The gate reads a follow-up's new message: after an on-topic request, a transcript is
+        # never far from the tools.
+        screened = gate.screen(conversation_text(alone) if alone else request, tools) if gate is not None else "clear"
         timings["gate"] = time.perf_counter() - start
         if screened == "dismissed":  # far from every tool: no large-model pass
             if on_text is not None:
@@ -386,9 +389,8 @@ class HyFuncMethod:
         # tools (its refusal head learned first requests, not conversations).
         if next_step:
             answerable = math.inf
-        alone = follow_up_alone(messages) if self.options.follow_up_alone and per_function is None else None
         follow_up: dict = {}
-        if alone is not None and len(tools):
+        if alone is not None and per_function is None and len(tools):
             follow_up = {"answerability_conversation": round(answerable, 4)}
             answerable, timings["follow_up_prefill"] = self._answerability(alone, tools, retriever)
         chosen = retriever.select_from_scores(scores, answerable) if len(tools) else []

@@ -33,11 +33,10 @@ class CascadeOptions:
     # [instruction + tools + request] under the templating decoder (constrained to the retrieved
     # tools), and the small model is not run: no small-model prefill of the retrieved tools.
     small_model: bool = True
-    # On a follow-up user turn (earlier turns before it), whether some tool fits is the refusal
-    # head's answer for the new message alone (one more short large-model pass), not for the
-    # conversation, which the head (trained on first requests) reads as answerable after any
-    # request; the tools are still ranked on the conversation's pass (a library read in one
-    # prompt; per function, the conversation decides).
+    # On a follow-up user turn (earlier turns before it), the off-topic gate and the refusal head
+    # read the new message alone (the head: one more short large-model pass): after any on-topic
+    # request a conversation reads as on-topic to both. The tools are still ranked on the
+    # conversation's pass; a library read per function leaves the refusal to the conversation.
     follow_up_alone: bool = True
 
     @classmethod
