@@ -28,6 +28,10 @@ own chat template, and the artifact's next-step head (`next_step/`, cascade/next
 from that pass whether the request is done: then no call is made and the server writes the answer
 from the results; otherwise a call is due, and the retriever only picks the tools for it.
 
+On a follow-up (a user message after earlier turns) the off-topic gate and the refusal head read
+the new message alone (one more short pass of the large model), the ranking the conversation's
+pass: both learned first requests, and read any conversation after an on-topic request as on-topic.
+
 With an off-topic gate in the artifact, small talk and general questions are refused after step 1
 when both its detectors agree (MiniLM finds no offered tool close, the soft token reads off-topic),
 and before it, with no large-model pass, when an English request is far from every offered tool.
@@ -299,6 +303,12 @@ class HyFuncMethod:
         cosine = retriever.scores(encoding.soft_token, encoding.function_embeddings)
         return float(retriever.answerability(encoding.soft_token, [cosine])), encoding.seconds
 
+    def gate_text(self, messages: Sequence[dict]) -> str:
+        """What the off-topic gate reads: a follow-up's new message (after an on-topic request, a
+        transcript is never far from the tools), else the request."""
+        alone = follow_up_alone(messages) if self.options.follow_up_alone else None
+        return conversation_text(alone or messages)
+
     def _writer(self, messages: Sequence[dict]) -> SmallWriter:
         """The small model that writes this request's calls: the after-results one, if the cascade
         has it and the conversation ends with tool results."""
@@ -342,10 +352,7 @@ class HyFuncMethod:
         request = _request_text(messages)
         gate = self.gate if self.options.off_topic_gate else None
         start = time.perf_counter()
-        alone = follow_up_alone(messages) if self.options.follow_up_alone else None
-        # The gate reads a follow-up's new message: after an on-topic request, a transcript is
-        # never far from the tools.
-        screened = gate.screen(conversation_text(alone) if alone else request, tools) if gate is not None else "clear"
+        screened = gate.screen(self.gate_text(messages), tools) if gate is not None else "clear"
         timings["gate"] = time.perf_counter() - start
         if screened == "dismissed":  # far from every tool: no large-model pass
             if on_text is not None:
@@ -389,6 +396,7 @@ class HyFuncMethod:
         # tools (its refusal head learned first requests, not conversations).
         if next_step:
             answerable = math.inf
+        alone = follow_up_alone(messages) if self.options.follow_up_alone else None
         follow_up: dict = {}
         if alone is not None and per_function is None and len(tools):
             follow_up = {"answerability_conversation": round(answerable, 4)}

@@ -259,7 +259,7 @@ class RoutedMethod:
         gate = getattr(self.cascade, "gate", None)
         # Maybe small talk: the cascade's gate decides with the large model's state (or dismisses it
         # with no large-model pass when an English request is far from every tool).
-        return gate is None or not gate.suspects(conversation_text(messages), tools)
+        return gate is None or not gate.suspects(self.cascade.gate_text(messages), tools)
 
     def choose(self, messages: Sequence[dict], tools: Sequence[Tool], routing: Routing | None = None,
                small_answer: Answer | None = None) -> tuple[str, float | None]:
