@@ -1,6 +1,6 @@
 """The same backend contract on both engines, on the real SmolLM2-135M GGUF (transformers runs its
 dequantised weights, llama.cpp the GGUF itself): agreement, input embeddings, KV fork/crop equal
-to recomputation, batched lines, templating, and a LoRA adapter converted to GGUF."""
+to recomputation, batched lines, templating, and a LoRA adapter merged into the GGUF."""
 from __future__ import annotations
 
 import json
@@ -123,10 +123,10 @@ def test_templating_on_llamacpp_is_schema_valid(llama):
     assert json.loads(out.text) == [{"name": c.name, "arguments": c.arguments} for c in out.calls]
 
 
-def test_lora_adapter_as_gguf_equals_the_merged_model(tmp_path, torch_fp32, ids):
+def test_lora_adapter_merged_into_the_gguf_equals_the_merged_model(tmp_path, torch_fp32, ids):
     from peft import LoraConfig, get_peft_model
 
-    from hyfunc.models.gguf_lora import convert_adapter
+    from hyfunc.models.gguf_lora import merge_adapter
 
     torch.manual_seed(0)
     config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"], init_lora_weights=False)
@@ -140,11 +140,11 @@ def test_lora_adapter_as_gguf_equals_the_merged_model(tmp_path, torch_fp32, ids)
     ref = Backend(MODEL, model=merged, tokenizer=base.tokenizer).forward(ids=ids, logits_to_keep=4).tail_logits
     before = torch_fp32.forward(ids=ids, logits_to_keep=4).tail_logits
     base_llama = LlamaCppBackend(MODEL, n_ctx=512, n_seq=2)
-    gguf = convert_adapter(tmp_path / "adapter", base_llama.gguf_path, tmp_path / "adapter.gguf")
+    gguf = merge_adapter(tmp_path / "adapter", base_llama.gguf_path, tmp_path / "merged.gguf")
     plain = base_llama.forward(ids=ids, logits_to_keep=4).tail_logits
-    adapted = LlamaCppBackend(MODEL, n_ctx=512, n_seq=2, lora=gguf).forward(ids=ids, logits_to_keep=4).tail_logits
+    adapted = LlamaCppBackend(MODEL, n_ctx=512, n_seq=2, gguf=gguf).forward(ids=ids, logits_to_keep=4).tail_logits
     # The two engines differ by rounding noise; the adapter's effect on the logits must be the same
-    # change on both: llama.cpp applying the GGUF adapter vs transformers running the merged weights.
+    # change on both: llama.cpp running the merged GGUF vs transformers running the merged weights.
     effect_llama, effect_torch = (adapted - plain).flatten(), (ref - before).flatten()
     assert effect_torch.norm() > 2 * (plain - before).norm()  # an effect well above the engines' noise
     assert _cos(effect_llama, effect_torch) > 0.95
@@ -186,3 +186,40 @@ def test_an_unknown_gguf_type_is_a_clear_error(tmp_path, llama):
     with pytest.raises(ModelNotAvailable, match="no GGUF type 'q9_9'"):
         requantize_gguf(llama.gguf_path, tmp_path / "x.gguf", "q9_9")
     assert not list(tmp_path.iterdir())
+
+
+def test_merged_models_are_cached_by_adapter_and_the_least_recently_used_evicted(tmp_path, monkeypatch, llama):
+    from peft import LoraConfig, get_peft_model
+
+    from hyfunc.models import gguf_lora
+
+    monkeypatch.setenv("HYFUNC_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(gguf_lora, "MERGED_KEPT", 1)
+    adapters = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        model = get_peft_model(Backend(MODEL, dtype=torch.float32).model, LoraConfig(r=2, target_modules=["q_proj"]))
+        adapters.append(tmp_path / f"run{seed}" / "adapter")
+        model.save_pretrained(adapters[-1])
+    first = gguf_lora.cached_merged_gguf(adapters[0], llama.gguf_path)
+    made = first.stat().st_ino
+    assert gguf_lora.cached_merged_gguf(adapters[0], llama.gguf_path).stat().st_ino == made  # merged once
+    second = gguf_lora.cached_merged_gguf(adapters[1], llama.gguf_path)
+    assert second != first and second.is_file() and not first.exists()  # one kept: the older evicted
+    assert not list(first.parent.glob("*.partial"))
+
+
+def test_an_adapter_for_weights_the_model_lacks_is_refused(tmp_path, llama):
+    from peft import LoraConfig, get_peft_model
+
+    from hyfunc.models.gguf_lora import AdapterNotConvertible, merge_adapter
+
+    model = get_peft_model(Backend(MODEL, dtype=torch.float32).model, LoraConfig(r=2, target_modules=["q_proj"]))
+    model.save_pretrained(tmp_path / "adapter")
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(tmp_path / "adapter" / "adapter_model.safetensors")
+    extra = {k.replace("layers.0.", "layers.99."): v.clone() for k, v in tensors.items() if "layers.0." in k}
+    save_file({**tensors, **extra}, tmp_path / "adapter" / "adapter_model.safetensors")
+    with pytest.raises(AdapterNotConvertible, match="match no weight"):
+        merge_adapter(tmp_path / "adapter", llama.gguf_path, tmp_path / "merged.gguf")

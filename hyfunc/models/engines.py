@@ -60,17 +60,16 @@ def load_backend(
     name: str, engine: str = "auto", device: str | None = None, adapter: Path | None = None, role: str = "direct",
 ) -> BackendBase:
     """`name` (alias, path or hub id) on `engine`; `adapter`: a peft LoRA directory applied to it
-    (merged on transformers; converted to a GGUF adapter, applied at load, on llama.cpp)."""
+    (merged into the weights on either engine)."""
     engine = resolve_engine(engine, name, device, role)
     if engine == "llamacpp":
         if device not in (None, "cpu"):
             raise EngineError(f"the llama.cpp engine runs on the CPU here, not on {device!r}")
-        from hyfunc.models.gguf_lora import cached_adapter_gguf
-        from hyfunc.models.llamacpp import LlamaCppBackend
-        from hyfunc.models.registry import resolve_gguf
+        from hyfunc.models.gguf_lora import cached_merged_gguf
+        from hyfunc.models.llamacpp import LlamaCppBackend, engine_gguf
 
-        lora = cached_adapter_gguf(adapter, resolve_gguf(name)) if adapter is not None else None
-        return LlamaCppBackend(name, lora=lora)
+        merged = cached_merged_gguf(adapter, engine_gguf(name)) if adapter is not None else None
+        return LlamaCppBackend(name, gguf=merged)
     import torch
 
     from hyfunc.models.backend import Backend, default_dtype

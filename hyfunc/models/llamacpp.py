@@ -158,10 +158,10 @@ class LlamaCppBackend(BackendBase):
 
     def __init__(
         self, name: str, n_ctx: int = 32768, n_seq: int = 16, n_batch: int = 512, threads: int | None = None,
-        lora: str | Path | None = None, gguf: str | Path | None = None,
+        gguf: str | Path | None = None,
     ):
-        """`name`: a default model alias (in the file `engine_gguf` names) or a .gguf path. `lora`: a
-        GGUF LoRA adapter applied at load (the cascade's fine-tuned small model). `n_seq`: KV sequences
+        """`name`: a default model alias (in the file `engine_gguf` names) or a .gguf path; `gguf`: another
+        file of that model to run (the cascade's small model with its adapter merged in). `n_seq`: KV sequences
         alive at once (a fixed library's prefix, a request's fork, the decoder's). `n_ctx`: KV cells
         shared by all of them (forks share their prefix's cells); a 1.5B model holds 28 KB per cell in f16."""
         lib = self._lib = _lib()
@@ -175,7 +175,6 @@ class LlamaCppBackend(BackendBase):
         self._model = lib.llama_model_load_from_file(str(path).encode(), model_params)
         if not self._model:
             raise ModelNotAvailable(f"llama.cpp could not load {path}")
-        self._adapter = None
         ctx_params = lib.llama_context_default_params()
         ctx_params.n_ctx = n_ctx
         ctx_params.n_batch = ctx_params.n_ubatch = n_batch
@@ -188,12 +187,6 @@ class LlamaCppBackend(BackendBase):
         self._ctx = lib.llama_init_from_model(self._model, ctx_params)
         if not self._ctx:
             raise ModelNotAvailable(f"llama.cpp could not create a context for {path}")
-        if lora is not None:
-            self._adapter = lib.llama_adapter_lora_init(self._model, str(lora).encode())
-            if not self._adapter:
-                raise ModelNotAvailable(f"llama.cpp could not load the LoRA adapter {lora}")
-            adapters = (lib.llama_adapter_lora_p_ctypes * 1)(self._adapter)
-            lib.llama_set_adapters_lora(self._ctx, adapters, 1, (ctypes.c_float * 1)(1.0))
         self._memory = lib.llama_get_memory(self._ctx)
         self._embeddings_on = False
         self._lock = threading.RLock()  # the context: one llama.cpp call at a time
@@ -205,7 +198,8 @@ class LlamaCppBackend(BackendBase):
         self._batch = lib.llama_batch_init(n_batch, 0, 1)
         self._embd_batch = lib.llama_batch_init(n_batch, self._n_embd, 1)
         self._token_embd = None  # dequantised lazily, row by row
-        self.tokenizer = _tokenizer_for(path)
+        # Another file of the model (a merged adapter) has the model's tokenizer: built once, for the model.
+        self.tokenizer = _tokenizer_for(engine_gguf(name) if gguf is not None else path)
         self.eos_ids = self._eos_ids()
 
     def __del__(self) -> None:
@@ -233,8 +227,7 @@ class LlamaCppBackend(BackendBase):
 
     @property
     def description(self) -> str:
-        lora = ", LoRA adapter" if self._adapter else ""
-        return f"{self.name} on llama.cpp {self.gguf_path.name}{lora} ({self._threads} threads)"
+        return f"{self.name} on llama.cpp {self.gguf_path.name} ({self._threads} threads)"
 
     def _config_eos(self) -> Any:
         vocab = self._lib.llama_model_get_vocab(self._model)
