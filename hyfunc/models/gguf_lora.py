@@ -1,9 +1,9 @@
-"""A peft LoRA adapter (what `hyfunc prepare` trains on transformers) merged into a GGUF for llama.cpp:
-a copy of the base file whose adapted weights are W + (alpha / r) B A, dequantised, summed in float32
-and quantised again (in Q8_0, or the base tensor's float type), as the
-transformers engine merges it. Why not llama.cpp's LoRA adapters applied at load: they add two small
-matmuls per adapted weight, which cost 15-18 % of the 0.5B's prefill and decode on a 2-core CPU
-(`reports/merged-adapter/`); a merged model runs as fast as its base.
+"""A peft LoRA adapter (what `hyfunc prepare` trains on transformers) merged into a GGUF for llama.cpp,
+as the transformers engine merges it: a copy of the base file whose adapted weights are W + (alpha / r) B A,
+dequantised, summed in float32 and quantised again (in Q8_0, or the base tensor's float type).
+
+Why not llama.cpp's LoRA adapters applied at load: they add two small matmuls per adapted weight, which
+slow every prefill and decode step of the small model on a CPU (`reports/merged-adapter/`).
 """
 from __future__ import annotations
 
@@ -34,8 +34,8 @@ class AdapterNotConvertible(ValueError):
     """An adapter that this merge cannot express (DoRA, extra trained modules, unknown weights)."""
 
 
-def _lora_tensors(adapter_dir: Path) -> tuple[dict, float, dict[str, np.ndarray]]:
-    """(adapter config, alpha / r, {llama.cpp's adapter tensor name `blk.<i>.<module>.weight.lora_<a|b>`: float32 array})."""
+def _lora_tensors(adapter_dir: Path) -> tuple[float, dict[str, np.ndarray]]:
+    """(alpha / r, {llama.cpp's adapter tensor name `blk.<i>.<module>.weight.lora_<a|b>`: float32 array})."""
     from safetensors.torch import load_file  # numpy has no bfloat16 (an adapter may be stored in it)
 
     config = json.loads((adapter_dir / "adapter_config.json").read_text())
@@ -49,7 +49,7 @@ def _lora_tensors(adapter_dir: Path) -> tuple[dict, float, dict[str, np.ndarray]
             raise AdapterNotConvertible(f"{adapter_dir}: no GGUF name for adapter tensor {key}")
         layer, module, side = match.groups()
         named[f"blk.{layer}.{_MODULES[module]}.weight.lora_{side.lower()}"] = np.ascontiguousarray(tensor.float().numpy())
-    return config, float(config["lora_alpha"]) / float(config["r"]), named
+    return float(config["lora_alpha"]) / float(config["r"]), named
 
 
 def merge_adapter(adapter_dir: Path, base_gguf: Path, out_path: Path) -> Path:
@@ -57,7 +57,7 @@ def merge_adapter(adapter_dir: Path, base_gguf: Path, out_path: Path) -> Path:
     from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
     from gguf.quants import dequantize, quantize
 
-    _, scale, lora = _lora_tensors(adapter_dir)
+    scale, lora = _lora_tensors(adapter_dir)
     floats = {GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16}
     reader = GGUFReader(base_gguf)
     writer = GGUFWriter(str(out_path), reader.fields["general.architecture"].contents())
@@ -98,9 +98,8 @@ MERGED_KEPT = 4
 
 
 def cached_merged_gguf(adapter_dir: Path, base_gguf: Path) -> Path:
-    """The base GGUF with the adapter merged in, written once (half a minute for the 0.5B on 2 cores) and
-    cached in $HYFUNC_HOME by the adapter's content and the base file: the artifact stays as `hyfunc prepare`
-    wrote it."""
+    """The base GGUF with the adapter merged in, written once and cached in $HYFUNC_HOME by the adapter's
+    content and the base file: the artifact stays as `hyfunc prepare` wrote it."""
     digest = hashlib.sha256((adapter_dir / "adapter_model.safetensors").read_bytes())
     digest.update(f"{base_gguf.resolve()}:{base_gguf.stat().st_size}:{base_gguf.stat().st_mtime_ns}".encode())
     out = hyfunc_home() / "adapters" / f"{adapter_dir.parent.name}-{base_gguf.stem}-{digest.hexdigest()[:16]}.merged.gguf"
@@ -114,6 +113,13 @@ def cached_merged_gguf(adapter_dir: Path, base_gguf: Path) -> Path:
         partial.rename(out)
     os.utime(out)  # used now: the last to be evicted
     # A file still open in another process stays readable after its unlink (POSIX).
-    for old in sorted(out.parent.glob("*.merged.gguf"), key=lambda f: f.stat().st_mtime, reverse=True)[MERGED_KEPT:]:
+    for old in sorted(out.parent.glob("*.merged.gguf"), key=_last_used, reverse=True)[MERGED_KEPT:]:
         old.unlink(missing_ok=True)
     return out
+
+
+def _last_used(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:  # evicted meanwhile by another process
+        return 0.0
