@@ -194,7 +194,6 @@ def test_merged_models_are_cached_by_adapter_and_the_least_recently_used_evicted
     from hyfunc.models import gguf_lora
 
     monkeypatch.setenv("HYFUNC_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(gguf_lora, "MERGED_KEPT", 1)
     adapters = []
     for seed in (0, 1):
         torch.manual_seed(seed)
@@ -203,10 +202,11 @@ def test_merged_models_are_cached_by_adapter_and_the_least_recently_used_evicted
         model.save_pretrained(adapters[-1])
     first = gguf_lora.cached_merged_gguf(adapters[0], llama.gguf_path)
     made = first.stat().st_ino
+    monkeypatch.setattr(gguf_lora, "MERGED_CACHE_BYTES", first.stat().st_size * 3 // 2)  # room for one
     assert gguf_lora.cached_merged_gguf(adapters[0], llama.gguf_path).stat().st_ino == made  # merged once
     second = gguf_lora.cached_merged_gguf(adapters[1], llama.gguf_path)
     assert second != first and second.is_file() and not first.exists()  # one kept: the older evicted
-    assert not list(first.parent.glob("*.partial"))
+    assert not list(second.parent.parent.rglob("*.tmp"))  # no half-written model left
 
 
 def test_an_adapter_for_weights_the_model_lacks_is_refused(tmp_path, llama):

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 from pathlib import Path
 
 import numpy as np
 
 from hyfunc.config import hyfunc_home
+from hyfunc.disk_cache import hold, trim
+from hyfunc.durable import durable_replacement
 
 # Hugging Face module names (Llama / Qwen2 / Mistral layout) -> llama.cpp's tensor names.
 _MODULES = {
@@ -92,9 +93,9 @@ def merge_adapter(adapter_dir: Path, base_gguf: Path, out_path: Path) -> Path:
     return out_path
 
 
-#: Merged models kept in $HYFUNC_HOME/adapters, the least recently used deleted first: each is a whole model
-#: (675 MB for the 0.5B in Q8_0), and every ODIA candidate distilled brings a new adapter.
-MERGED_KEPT = 4
+#: Bytes of merged models kept in $HYFUNC_HOME/merged, the least recently used removed first: each is a whole
+#: model (675 MB for the 0.5B in Q8_0), and every ODIA candidate distilled brings a new adapter.
+MERGED_CACHE_BYTES = 3 * 1024**3
 
 
 def cached_merged_gguf(adapter_dir: Path, base_gguf: Path) -> Path:
@@ -102,24 +103,13 @@ def cached_merged_gguf(adapter_dir: Path, base_gguf: Path) -> Path:
     content and the base file: the artifact stays as `hyfunc prepare` wrote it."""
     digest = hashlib.sha256((adapter_dir / "adapter_model.safetensors").read_bytes())
     digest.update(f"{base_gguf.resolve()}:{base_gguf.stat().st_size}:{base_gguf.stat().st_mtime_ns}".encode())
-    out = hyfunc_home() / "adapters" / f"{adapter_dir.parent.name}-{base_gguf.stem}-{digest.hexdigest()[:16]}.merged.gguf"
-    if not out.is_file():
-        partial = out.with_name(f"{out.name}.{os.getpid()}.partial")
-        try:
-            merge_adapter(adapter_dir, base_gguf, partial)
-        except BaseException:
-            partial.unlink(missing_ok=True)
-            raise
-        partial.rename(out)
-    os.utime(out)  # used now: the last to be evicted
-    # A file still open in another process stays readable after its unlink (POSIX).
-    for old in sorted(out.parent.glob("*.merged.gguf"), key=_last_used, reverse=True)[MERGED_KEPT:]:
-        old.unlink(missing_ok=True)
+    name = f"{adapter_dir.parent.name}-{base_gguf.stem}-{digest.hexdigest()[:16]}"
+    root = hyfunc_home() / "merged"
+    with hold(root / name) as entry:
+        out = entry / f"{name}.gguf"
+        if not out.is_file():
+            with durable_replacement(out) as partial:
+                merge_adapter(adapter_dir, base_gguf, partial)
+        # Held, this entry stays; a model already loaded stays readable after its file is removed (POSIX).
+        trim(root, MERGED_CACHE_BYTES)
     return out
-
-
-def _last_used(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
-    except FileNotFoundError:  # evicted meanwhile by another process
-        return 0.0
