@@ -19,11 +19,20 @@ Conversations (`hyfunc/cascade/agent_steps.py`), from validation examples only:
   (`scripts/follow_up_rules.py` replays other rules on them).
 Exact = `same_calls` (names and arguments after normalisation, any order). Every cascade answers
 the same conversations, one after the other, on the same engine.
+
+`--agentdojo`: AgentDojo's conversations instead (third-party tools, real results;
+hyfunc/eval/agentdojo_steps.py says what is right), up to `--per-source` of each kind per suite;
+`--with-direct MODEL` adds direct prompting beside the cascades, `--ablations STAGE` the first cascade with a stage off. Each suite's tools are fixed as a
+library, read once, as `hyfunc serve` does for an agent's tools:
+
+    python scripts/agent_step_validation.py --agentdojo --artifacts hyfunc/data/cascade \
+        --with-direct qwen-coder-1.5b --engine llamacpp --per-source 4 --out reports/agent-steps/agentdojo.json
 """
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import sys
 import time
@@ -35,10 +44,14 @@ from tqdm.auto import tqdm
 from hyfunc.cascade.agent_steps import ANSWER, AgentStep, agent_steps, chained_steps, follow_ups, joined_openings
 from hyfunc.cascade.data import load_examples, split_examples
 from hyfunc.data import FC_TRAIN
+from hyfunc.eval import agentdojo_steps
+from hyfunc.eval.bfcl_multi_turn import fix_library
+from hyfunc.eval.ood import value_kinds
 from hyfunc.eval.provenance import provenance
 from hyfunc.eval.refusal import held_out_off_topic
 from hyfunc.formats.calls import Call, same_calls
-from hyfunc.methods.cascade import HyFuncMethod
+from hyfunc.methods import load_method
+from hyfunc.methods.cascade import CascadeOptions, HyFuncMethod
 
 
 KINDS = ("answer", "calls_left", "chained_opening", "chained_after_results", "joined_opening",
@@ -61,6 +74,46 @@ def right(step: AgentStep, calls: list[Call]) -> bool:
     return same_calls(calls, [Call(c["name"], dict(c.get("arguments") or {})) for c in step.remaining])
 
 
+def agentdojo(per_source: int, seed: int) -> list[AgentStep]:
+    """Up to `per_source` steps of each kind per suite, sampled, grouped by suite (one library each)."""
+    rng = random.Random(seed)
+    groups: dict[tuple[str, str], list[AgentStep]] = defaultdict(list)
+    for step in agentdojo_steps.load_agentdojo_steps():
+        groups[(step.source, agentdojo_steps.step_kind(step))].append(step)
+    return [s for key in sorted(groups) for s in rng.sample(groups[key], min(per_source, len(groups[key])))]
+
+
+def gold_kinds(step: AgentStep) -> list[str]:
+    """The kinds of value the gold next calls hold (bool, enum, list, ...: hyfunc/eval/ood.py)."""
+    schemas = {t.name: t.parameters.get("properties", {}) for t in step.tools}
+    return sorted({k for c in step.remaining for name, v in (c.get("arguments") or {}).items()
+                   for k in value_kinds(v, schemas.get(c["name"], {}).get(name, {}))})
+
+
+def write(args: argparse.Namespace, methods: dict, rows: list[dict]) -> dict:
+    """The summary of `rows` per method, written with them to `args.out`: right per kind, and the
+    answer-or-call decision after tool results (a call due or not, whichever calls)."""
+    summary = {}
+    for label in methods:
+        per_kind: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+        decided = [r for r in rows if r["kind"] in ("answer", "calls_left", "chained_after_results")]
+        for r in rows:
+            per_kind[r["kind"]][0] += r[label]["right"]
+            per_kind[r["kind"]][1] += 1
+            for value_kind in r.get("gold_kinds", []) if r["kind"] != "answer" else []:
+                per_kind[f"value:{value_kind}"][0] += r[label]["right"]
+                per_kind[f"value:{value_kind}"][1] += 1
+        summary[label] = {"right": sum(r[label]["right"] for r in rows), "n": len(rows),
+                          "by_kind": {k: f"{a}/{n}" for k, (a, n) in sorted(per_kind.items())},
+                          "decision_after_results": f"{sum((r[label]['decision'] == 'answer') == (r['kind'] == 'answer') for r in decided)}/{len(decided)}",
+                          "median_seconds": statistics.median(r[label]["seconds"] for r in rows)}
+    result = {"command": sys.argv, "provenance": provenance(list(methods.values())),
+              "kinds": dict(Counter(r["kind"] for r in rows)), "summary": summary, "rows": rows}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1, ensure_ascii=False, default=str))
+    return summary
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", nargs="+", default=[str(FC_TRAIN)])
@@ -68,43 +121,52 @@ def main() -> int:
     parser.add_argument("--per-source", type=int, default=6, help="conversations of each label, and chained requests, per source")
     parser.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS, help="only these kinds of step")
     parser.add_argument("--engine", default="auto")
+    parser.add_argument("--agentdojo", action="store_true", help="AgentDojo's conversations instead of fc-train's")
+    parser.add_argument("--ablations", nargs="*", default=[], metavar="STAGE",
+                        help="the first cascade with this stage off too (sharing its large-model pass); a+b: both off")
+    parser.add_argument("--with-direct", nargs="*", default=[], metavar="MODEL", help="direct prompting of these models too")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
 
-    _, val = split_examples(load_examples(args.data))
-    steps = agent_steps(val, args.per_source, args.seed) + chained_steps(val, args.per_source, args.seed)
-    steps += joined_openings(val, args.per_source, args.seed) + follow_ups(val, args.per_source, held_out_off_topic(), args.seed)
-    steps = [s for s in steps if kind(s) in args.kinds]
+    if args.agentdojo:
+        steps = agentdojo(args.per_source, args.seed)
+        step_kind, step_right = agentdojo_steps.step_kind, agentdojo_steps.right
+    else:
+        _, val = split_examples(load_examples(args.data))
+        steps = agent_steps(val, args.per_source, args.seed) + chained_steps(val, args.per_source, args.seed)
+        steps += joined_openings(val, args.per_source, args.seed) + follow_ups(val, args.per_source, held_out_off_topic(), args.seed)
+        step_kind, step_right = kind, right
+    steps = [s for s in steps if step_kind(s) in args.kinds]
     methods = {}
     for path in args.artifacts:
         methods[path] = HyFuncMethod.load(path, large_engine=args.engine, small_engine=args.engine)
+    first = next(iter(methods.values()))
+    for ablation in args.ablations:
+        methods[f"{args.artifacts[0]} -{ablation}"] = first.variant(CascadeOptions.without(*ablation.split("+")), f"-{ablation}")
+    for model in args.with_direct:
+        methods[f"direct:{model}"] = load_method("direct", model=model, engine=args.engine, prefix_caching=True)
     rows = []
     for step in tqdm(steps, desc="agent steps", unit="conversation"):
-        row = {"id": step.id, "source": step.source, "kind": kind(step), "gold": step.remaining}
+        row = {"id": step.id, "source": step.source, "kind": step_kind(step), "gold": step.remaining}
+        if args.agentdojo:
+            row["gold_kinds"] = gold_kinds(step)
         for label, method in methods.items():
+            if method.name.startswith("-"):  # an ablation: the first cascade's library, already read
+                method.set_library_state(first.library_state())
+            library_seconds = fix_library(method, step.tools) if args.agentdojo else 0.0
             start = time.perf_counter()
             answer = method.answer(step.messages, step.tools)
-            row[label] = {"right": right(step, answer.calls), "seconds": round(time.perf_counter() - start, 3),
+            row[label] = {"right": step_right(step, answer.calls), "seconds": round(time.perf_counter() - start, 3),
+                          "library_seconds": round(library_seconds, 3), "error": answer.error,
+                          "decision": "call" if answer.calls else "answer",
                           "calls": [[c.name, c.arguments] for c in answer.calls],
                           "next_step": answer.details.get("next_step"),
                           **{k: answer.details[k] for k in ("answerability", "answerability_conversation", "refused_by")
                              if k in answer.details}}
         rows.append(row)
-    summary = {}
-    for label in methods:
-        per_kind: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-        for r in rows:
-            per_kind[r["kind"]][0] += r[label]["right"]
-            per_kind[r["kind"]][1] += 1
-        summary[label] = {"right": sum(r[label]["right"] for r in rows), "n": len(rows),
-                          "by_kind": {k: f"{a}/{n}" for k, (a, n) in sorted(per_kind.items())},
-                          "median_seconds": statistics.median(r[label]["seconds"] for r in rows)}
-    result = {"command": sys.argv, "provenance": provenance(list(methods.values())),
-              "kinds": dict(Counter(r["kind"] for r in rows)), "summary": summary, "rows": rows}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1, ensure_ascii=False, default=str))
-    print(json.dumps({"kinds": result["kinds"], "summary": summary}, indent=1))
+        summary = write(args, methods, rows)  # after every conversation: a stopped run keeps what it did
+    print(json.dumps({"kinds": dict(Counter(r["kind"] for r in rows)), "summary": summary}, indent=1))
     return 0
 
 

@@ -7,19 +7,35 @@ call of its ground truth (later calls depend on earlier calls' results, which a 
 know). A task is kept only when its prompt states every value of that call (strings and list items
 word for word, ignoring case; numbers as written), fc-train's rule for dialogues.
 
+With `--steps`, it also writes agent conversations (hyfunc/data/ood/README.md): each task's ground-truth
+calls made one per turn and run on the suite's environment, their real results (AgentDojo's own YAML
+rendering) sent back, and the step that follows: after every call, a text answer; before the last, the
+next call. Follow-ups: a finished task, a reply, then another task of the suite (its first call) or a
+held-out small-talk line (no call).
+
     pip install --no-deps --target /tmp/agentdojo agentdojo==0.1.35 && \
       pip install --target /tmp/agentdojo deepdiff docstring-parser email-validator
-    PYTHONPATH=/tmp/agentdojo python scripts/agentdojo_to_jsonl.py --out hyfunc/data/ood/agentdojo.jsonl
+    PYTHONPATH=/tmp/agentdojo python scripts/agentdojo_to_jsonl.py --out hyfunc/data/ood/agentdojo.jsonl \
+      --steps hyfunc/data/ood/agentdojo-steps.json
 """
 from __future__ import annotations
 
 import argparse
 import json
+import random
+import re
 from collections import Counter
 from pathlib import Path
 
+from hyfunc.eval.refusal import held_out_off_topic
+
 SUITES = ("banking", "slack", "travel", "workspace")
 _DROPPED_KEYS = {"title", "$defs"}
+# A conversation's tool results are kept to this many characters in all: a 7,000-token file would
+# fill the context of a 2-core CPU run (longer ones are dropped and counted, never cut).
+MAX_RESULTS_CHARS = 4000
+# Ground truth that leaves a value to the model ("<summary>"): no exact call to score it by.
+_PLACEHOLDER = re.compile(r"^<[^<>]+>$")
 
 
 def plain_schema(schema: dict, defs: dict) -> dict:
@@ -65,33 +81,123 @@ def stated(value, prompt: str) -> bool:
     return False
 
 
+def arguments_of(call) -> dict:
+    return {k: v for k, v in dict(call.args).items() if v is not None}
+
+
+def has_placeholder(arguments: dict) -> bool:
+    return any(isinstance(v, str) and _PLACEHOLDER.match(v) for v in arguments.values())
+
+
+def executed(suite, environment, calls) -> list[tuple[dict, str]]:
+    """Each call as a wire-format dict and its real result: run in order on a copy of the
+    environment, rendered as AgentDojo's agents send them back (YAML, or the error)."""
+    from agentdojo.agent_pipeline.tool_execution import tool_result_to_str
+    from agentdojo.functions_runtime import FunctionsRuntime
+
+    runtime, state = FunctionsRuntime(suite.tools), environment.model_copy(deep=True)
+    out = []
+    for call in calls:
+        result, error = runtime.run_function(state, call.function, dict(call.args))
+        out.append(({"name": call.function, "arguments": arguments_of(call)}, tool_result_to_str(result) if error is None else error))
+    return out
+
+
+def turns(task_key: str, made: list[tuple[dict, str]]) -> list[dict]:
+    """One call per assistant turn, each followed by its result (AgentDojo's agents call one at a time)."""
+    messages = []
+    for i, (call, result) in enumerate(made):
+        call_id = f"call_{task_key}_{i}"
+        messages.append({"role": "assistant", "content": "", "tool_calls": [
+            {"id": call_id, "type": "function", "function": {"name": call["name"], "arguments": call["arguments"]}}]})
+        messages.append({"role": "tool", "tool_call_id": call_id, "content": result})
+    return messages
+
+
+def task_steps(suite_name: str, task_id: str, prompt: str, made: list[tuple[dict, str]], dropped: Counter) -> list[dict]:
+    """After k of the task's n calls: the next call (k < n) or a text answer (k = n)."""
+    steps = []
+    user = {"role": "user", "content": prompt}
+    for k in range(1, len(made) + 1):
+        if sum(len(result) for _, result in made[:k]) > MAX_RESULTS_CHARS:
+            dropped["step: results over the length cap"] += 1
+            break
+        if any(has_placeholder(call["arguments"]) for call, _ in made[:k + 1]):
+            dropped["step: a value left to the model"] += 1
+            break
+        done = k == len(made)
+        steps.append({"id": f"agentdojo-{suite_name}-{task_id}:after{k}", "suite": suite_name,
+                      "kind": "answer" if done else "calls_left", "label": "answer" if done else "call",
+                      "messages": [user, *turns(task_id, made[:k])], "remaining": [call for call, _ in made[k:]]})
+    return steps
+
+
+def follow_up_steps(suite_name: str, finished: list[tuple[str, str, list]], firsts: list[dict], rng: random.Random) -> list[dict]:
+    """A finished task (its calls, results and a reply quoting the last result), then the user's next
+    message: another task of the suite whose first call its prompt states ("call"), or small talk ("answer")."""
+    small_talk = held_out_off_topic()
+    steps = []
+    for i, (task_id, prompt, made) in enumerate(finished):
+        others = [r for r in firsts if not r["id"].endswith(f"-{task_id}")]
+        if not others:
+            continue
+        reply = " ".join(made[-1][1].split())[:200]
+        history = [{"role": "user", "content": prompt}, *turns(task_id, made),
+                   {"role": "assistant", "content": f"Here is what I found: {reply}"}]
+        second = others[i % len(others)]
+        for kind, message, label, remaining in (
+            ("follow_up", second["query"], "call", second["answers"]),
+            ("follow_up_small_talk", rng.choice(small_talk), "answer", []),
+        ):
+            steps.append({"id": f"agentdojo-{suite_name}-{task_id}:{kind}", "suite": suite_name, "kind": kind,
+                          "label": label, "messages": [*history, {"role": "user", "content": message}],
+                          "remaining": remaining})
+    return steps
+
+
 def main() -> None:
     from agentdojo.task_suite.load_suites import get_suite
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--version", default="v1", help="AgentDojo benchmark version")
     parser.add_argument("--out", required=True)
+    parser.add_argument("--steps", help="also write the agent conversations here (JSON)")
     args = parser.parse_args()
     records, dropped = [], Counter()
+    suites, steps, rng = {}, [], random.Random(0)
     for name in SUITES:
         suite = get_suite(args.version, name)
         tools = [tool_record(f) for f in suite.tools]
+        suites[name] = tools
         environment = suite.load_and_inject_default_environment({})
+        finished, suite_records = [], len(records)
         for task_id, task in suite.user_tasks.items():
+            if args.steps:
+                made = executed(suite, environment, task.ground_truth(environment.model_copy(deep=True)))
+                prompt = " ".join(task.PROMPT.split())
+                task_made = task_steps(name, task_id, prompt, made, dropped)
+                steps += task_made
+                if task_made and task_made[-1]["label"] == "answer":
+                    finished.append((task_id, prompt, made))
             calls = task.ground_truth(environment.model_copy(deep=True))
             if not calls:
                 dropped["no ground-truth call"] += 1
                 continue
             first = calls[0]
-            arguments = {k: v for k, v in dict(first.args).items() if v is not None}
+            arguments = arguments_of(first)
             prompt = " ".join(task.PROMPT.split())
             if not all(stated(v, prompt) for v in arguments.values()):
                 dropped["a value the prompt does not state"] += 1
                 continue
             records.append({"id": f"agentdojo-{name}-{task_id}", "source": "agentdojo", "query": prompt,
                             "tools": tools, "answers": [{"name": first.function, "arguments": arguments}]})
+        if args.steps:
+            steps += follow_up_steps(name, finished, records[suite_records:], rng)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
+    if args.steps:
+        Path(args.steps).write_text(json.dumps({"suites": suites, "steps": steps}, ensure_ascii=False, separators=(",", ":")), encoding="utf-8")
+        print(f"{len(steps)} steps: {dict(Counter(s['kind'] for s in steps))}")
     print(f"{len(records)} tasks kept; dropped: {dict(dropped)}")
 
 

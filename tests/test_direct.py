@@ -21,6 +21,8 @@ PROSE = "To calculate the factorial of 5 using math functions, you can use the `
         ("short prose", False),
         ("math.factorial(number=5) " + "and more words " * 6, False),  # a call without brackets may go on
         ("```python\n[f(a=1)]\n```", True),
+        ('{"name": "send_money", "arguments": {"recipient": "GB29NWBK60161331926819", "amount": 4.0', False),
+        ('<tool_call>\n{"name": "send_money", "arguments": {"recipient": "GB29NWBK60161331926819", "amount"', False),
     ],
 )
 def test_stop_rule(text, done):

@@ -106,7 +106,7 @@ class SimulatedApis:
             delattr(self._executor, name)
 
 
-def _fixed_library(method, tools: list[Tool]) -> float:
+def fix_library(method, tools: list[Tool]) -> float:
     """Fix the conversation's tools as a library where the method can (the cascade: the KV cache of
     its prompt prefix with the tools, built once and reused by every step, as `hyfunc serve` does
     for a client's tools); returns the seconds it took, which count in the conversation's latency
@@ -136,7 +136,7 @@ def run_conversation(method, case: MultiTurnCase, apis: SimulatedApis) -> dict:
             tools = parse_tools(docs)
             user_messages = [{"role": "user", "content": constants.DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC}]
         messages += copy.deepcopy(user_messages)
-        seconds = _fixed_library(method, tools)
+        seconds = fix_library(method, tools)
         totals["latency"] += seconds
         totals["timings"]["library"] = totals["timings"].get("library", 0.0) + seconds
         steps: list[dict] = []

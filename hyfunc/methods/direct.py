@@ -39,10 +39,12 @@ def _python_answer_done(text: str) -> bool:
     """True once the text is a whole `[...]` call list, or is clearly prose (no call can follow).
 
     BFCL reads prose as "no call" however long it is, so stopping it early changes no verdict
-    unless a call appeared later in the prose, which BFCL's decoder would reject anyway.
+    unless a call appeared later in the prose, which BFCL's decoder would reject anyway. A JSON
+    call (`{"name": ...}` or a `<tool_call>` block, what the model writes after a conversation
+    whose earlier calls its chat template rendered so) is not prose: it runs to its end.
     """
     text = _unfence(text)
-    if len(text) > 80 and not text.startswith("[") and not _CALL_START.match(text):
+    if len(text) > 80 and not text.startswith(("[", "{", "<tool_call>")) and not _CALL_START.match(text):
         return True
     if not (text.startswith("[") and text.endswith("]")):
         return False
