@@ -158,7 +158,8 @@ def test_eval_bfcl_cascade_records_its_config_and_artifact(cascade_dir, tmp_path
     assert meta["method_config"]["options"] == {"soft_token": True, "retriever": True, "templating": True,
                                                 "off_topic_gate": True, "large_values": True, "large_choices": True,
                                                 "large_numbers": True, "described_forms": True, "value_drafts": True, "alternatives": True,
-                                                "small_model": True, "follow_up_alone": True}
+                                                "small_model": True, "follow_up_alone": True,
+                                                "gate_confirms_alone": True}
     assert set(meta["provenance"]["models"]) == {meta["method_config"]["large_model"], meta["method_config"]["small_model"]}
     (record,) = meta["provenance"]["artifacts"].values()
     assert len(record["manifest_sha256"]) == 64

@@ -121,8 +121,10 @@ def test_whether_a_tool_fits_a_follow_up_is_read_from_the_new_message_alone() ->
         with torch.no_grad():
             cascade.retriever.refusal.weight.neg_()
             cascade.retriever.refusal.bias.neg_()
-        return (cascade._answerability(follow_up, tools, cascade.retriever)[0],
-                cascade._answerability(follow_up_alone(follow_up), tools, cascade.retriever)[0])
+            passes = [cascade.encoder.encode(m, tools) for m in (follow_up, follow_up_alone(follow_up))]
+            scores = [cascade.retriever.scores(p.soft_token, p.function_embeddings) for p in passes]
+            conversation, alone = (float(cascade.retriever.answerability(p.soft_token, [s])) for p, s in zip(passes, scores))
+        return conversation, alone
 
     conversation, alone = flip_head()
     if conversation > alone:

@@ -135,6 +135,34 @@ def test_the_gate_reads_a_follow_ups_new_message_not_the_transcript(embedder: Mi
     assert "dismissed" not in reading_the_transcript.answer(follow_up, tools).details
 
 
+def test_the_gates_head_confirms_a_follow_up_on_the_new_messages_pass(embedder: MiniLMEmbedder) -> None:
+    from hyfunc.formats.messages import follow_up_alone
+
+    cascade, tools = tiny_cascade(), parse_tools(TOOLS)
+    follow_up = [
+        {"role": "user", "content": "What's the weather in Oslo?"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": '{"temperature": 12, "sky": "rain"}'},
+        {"role": "assistant", "content": "12 degrees and rain in Oslo."},
+        {"role": "user", "content": "And in Bergen?"},
+    ]
+    torch.manual_seed(0)  # a head that reads the two passes differently; MiniLM suspects everything
+    cascade.gate = OffTopicGate(torch.randn(LARGE_HIDDEN), torch.zeros(()), torch.zeros(LARGE_HIDDEN), torch.ones(LARGE_HIDDEN),
+                                OffTopicConfig(cosine_threshold=2.0, head_threshold=0.0, dismiss_threshold=-1.0), embedder)
+    with torch.no_grad():
+        conversation, alone = (float(cascade.gate.head_logits(cascade.encoder.encode(m, tools).soft_token)[0])
+                               for m in (follow_up, follow_up_alone(follow_up)))
+    assert conversation != alone
+    cascade.gate.config.head_threshold = (conversation + alone) / 2  # confirmed below it
+
+    def refused(method) -> bool:
+        return method.answer(follow_up, tools).details.get("refused_by") == "off_topic_gate"
+
+    assert refused(cascade) is (alone < conversation)
+    assert refused(cascade.variant(CascadeOptions(gate_confirms_alone=False), "conversation")) is (conversation < alone)
+
+
 def test_router_sends_suspected_small_talk_to_the_cascade(embedder: MiniLMEmbedder) -> None:
     from hyfunc.routing.routed import RoutedMethod, Routing
     from tests.odia_fixtures import length_router

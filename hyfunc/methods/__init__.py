@@ -21,7 +21,8 @@ METHODS = ("direct", "hyfunc")
 # The cascade's switchable stages: the fields of hyfunc.methods.cascade.CascadeOptions (not imported
 # here, it needs torch; a test keeps the two equal).
 ABLATABLE = ["soft_token", "retriever", "templating", "off_topic_gate", "large_values", "large_choices", "large_numbers",
-             "described_forms", "value_drafts", "alternatives", "small_model", "follow_up_alone"]
+             "described_forms", "value_drafts", "alternatives", "small_model", "follow_up_alone",
+             "gate_confirms_alone"]
 
 
 def load_method(

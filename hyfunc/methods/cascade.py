@@ -296,12 +296,10 @@ class HyFuncMethod:
         return self._library if self._library is not None and self._library.tools == list(tools) else None
 
     @torch.no_grad()
-    def _answerability(self, messages: Sequence[dict], tools: Sequence[Tool], retriever: Retriever) -> tuple[float, float]:
-        """(the refusal head's answerability of `messages` over `tools`, seconds of its large pass)."""
+    def _alone_pass(self, alone: Sequence[dict], tools: Sequence[Tool]) -> Encoding:
+        """The large model's pass over a follow-up's new message alone, after the tools."""
         library = self._held_library(tools)
-        encoding = self.encoder.encode(messages, library if library is not None else tools)
-        cosine = retriever.scores(encoding.soft_token, encoding.function_embeddings)
-        return float(retriever.answerability(encoding.soft_token, [cosine])), encoding.seconds
+        return self.encoder.encode(alone, library if library is not None else tools)
 
     def gate_text(self, messages: Sequence[dict]) -> str:
         """What the off-topic gate reads: a follow-up's new message (after an on-topic request, a
@@ -385,7 +383,12 @@ class HyFuncMethod:
                 cosine = retriever.scores(encoding.soft_token, encoding.function_embeddings) if len(tools) else torch.empty(0)
             scores = retriever.fuse(cosine, lexical)
         timings["large_prefill"] = encoding.seconds
-        if suspected and gate.confirms(encoding.soft_token):
+        alone = follow_up_alone(messages) if self.options.follow_up_alone else None
+        alone_pass = self._alone_pass(alone, tools) if alone is not None and per_function is None and len(tools) else None
+        if alone_pass is not None:
+            timings["follow_up_prefill"] = alone_pass.seconds
+        confirming = alone_pass if alone_pass is not None and self.options.gate_confirms_alone else encoding
+        if suspected and gate.confirms(confirming.soft_token):
             if on_text is not None:
                 on_text(calls_text([]))
             return Answer(calls=[], input_tokens=encoding.input_tokens, cached_tokens=encoding.cached_tokens,
@@ -396,11 +399,12 @@ class HyFuncMethod:
         # tools (its refusal head learned first requests, not conversations).
         if next_step:
             answerable = math.inf
-        alone = follow_up_alone(messages) if self.options.follow_up_alone else None
         follow_up: dict = {}
-        if alone is not None and per_function is None and len(tools):
+        if alone_pass is not None:
             follow_up = {"answerability_conversation": round(answerable, 4)}
-            answerable, timings["follow_up_prefill"] = self._answerability(alone, tools, retriever)
+            with torch.no_grad():
+                alone_cosine = retriever.scores(alone_pass.soft_token, alone_pass.function_embeddings)
+                answerable = float(retriever.answerability(alone_pass.soft_token, [alone_cosine]))
         chosen = retriever.select_from_scores(scores, answerable) if len(tools) else []
         selected = [tools[i] for i in chosen] if self.options.retriever else list(tools)
         timings["retrieve"] = time.perf_counter() - start - timings.get("follow_up_prefill", 0.0)

@@ -38,6 +38,9 @@ class CascadeOptions:
     # request a conversation reads as on-topic to both. The tools are still ranked on the
     # conversation's pass; a library read per function leaves the refusal to the conversation.
     follow_up_alone: bool = True
+    # With follow_up_alone, the gate's head confirms a suspected follow-up on the new message's pass
+    # too, as it was calibrated (first requests); False: on the conversation's pass.
+    gate_confirms_alone: bool = True
 
     @classmethod
     def without(cls, *stages: str) -> CascadeOptions:
