@@ -22,8 +22,9 @@ the same conversations, one after the other, on the same engine.
 
 `--agentdojo`: AgentDojo's conversations instead (third-party tools, real results;
 hyfunc/eval/agentdojo_steps.py says what is right), up to `--per-source` of each kind per suite;
-`--with-direct MODEL` adds direct prompting beside the cascades, `--ablations STAGE` the first cascade with a stage off. Each suite's tools are fixed as a
-library, read once, as `hyfunc serve` does for an agent's tools:
+`--with-direct MODEL` adds direct prompting beside the cascades, `--ablations STAGE` the first cascade
+with a stage off. Each suite's tools are fixed as a library, read once, as `hyfunc serve` does for an
+agent's tools:
 
     python scripts/agent_step_validation.py --agentdojo --artifacts hyfunc/data/cascade \
         --with-direct qwen-coder-1.5b --engine llamacpp --per-source 4 --out reports/agent-steps/agentdojo.json
@@ -35,6 +36,7 @@ import json
 import random
 import statistics
 import sys
+import textwrap
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -94,24 +96,52 @@ def write(args: argparse.Namespace, methods: dict, rows: list[dict]) -> dict:
     """The summary of `rows` per method, written with them to `args.out`: right per kind, and the
     answer-or-call decision after tool results (a call due or not, whichever calls)."""
     summary = {}
+    decided = [r for r in rows if r["kind"] in ("answer", "calls_left", "chained_after_results")]
     for label in methods:
         per_kind: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-        decided = [r for r in rows if r["kind"] in ("answer", "calls_left", "chained_after_results")]
         for r in rows:
             per_kind[r["kind"]][0] += r[label]["right"]
             per_kind[r["kind"]][1] += 1
             for value_kind in r.get("gold_kinds", []) if r["kind"] != "answer" else []:
                 per_kind[f"value:{value_kind}"][0] += r[label]["right"]
                 per_kind[f"value:{value_kind}"][1] += 1
+        decided_right = sum((r[label]["decision"] == "answer") == (r["kind"] == "answer") for r in decided)
         summary[label] = {"right": sum(r[label]["right"] for r in rows), "n": len(rows),
                           "by_kind": {k: f"{a}/{n}" for k, (a, n) in sorted(per_kind.items())},
-                          "decision_after_results": f"{sum((r[label]['decision'] == 'answer') == (r['kind'] == 'answer') for r in decided)}/{len(decided)}",
+                          "decision_after_results": f"{decided_right}/{len(decided)}",
                           "median_seconds": statistics.median(r[label]["seconds"] for r in rows)}
     result = {"command": sys.argv, "provenance": provenance(list(methods.values())),
               "kinds": dict(Counter(r["kind"] for r in rows)), "summary": summary, "rows": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1, ensure_ascii=False, default=str))
     return summary
+
+
+def plot(summary: dict, path: Path) -> None:
+    """Right per kind of step (and the decision after results), one bar per method."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def share(cell: str) -> float:
+        right, n = (int(x) for x in cell.split("/"))
+        return 100 * right / n if n else 0.0
+
+    first = next(iter(summary.values()))
+    kinds = [k for k in first["by_kind"] if not k.startswith("value:")]
+    columns = kinds + (["decision after results"] if int(first["decision_after_results"].split("/")[1]) else [])
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(columns)), 3.6))
+    width = 0.8 / len(summary)
+    for i, (label, s) in enumerate(summary.items()):
+        cells = [s["by_kind"][k] for k in kinds] + [s["decision_after_results"]] * (len(columns) - len(kinds))
+        ax.bar([x + i * width for x in range(len(columns))], [share(c) for c in cells], width, label=label)
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(columns))], [textwrap.fill(c.replace("_", " "), 12) for c in columns],
+                  fontsize=8)
+    ax.set_ylabel("right, %")
+    ax.legend(fontsize=8, ncols=3, loc="lower center", bbox_to_anchor=(0.5, 1.02))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 def main() -> int:
@@ -126,8 +156,12 @@ def main() -> int:
                         help="the first cascade with this stage off too (sharing its large-model pass); a+b: both off")
     parser.add_argument("--with-direct", nargs="*", default=[], metavar="MODEL", help="direct prompting of these models too")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out", required=True, help="JSON; the plot beside it (.png)")
+    parser.add_argument("--replot", action="store_true", help="only draw the plot of an earlier --out")
     args = parser.parse_args()
+    if args.replot:
+        plot(json.loads(Path(args.out).read_text())["summary"], Path(args.out).with_suffix(".png"))
+        return 0
 
     if args.agentdojo:
         steps = agentdojo(args.per_source, args.seed)
@@ -162,10 +196,11 @@ def main() -> int:
                           "decision": "call" if answer.calls else "answer",
                           "calls": [[c.name, c.arguments] for c in answer.calls],
                           "next_step": answer.details.get("next_step"),
-                          **{k: answer.details[k] for k in ("answerability", "answerability_conversation", "refused_by")
+                          **{k: answer.details[k] for k in ("p_answer", "answerability", "answerability_conversation", "refused_by")
                              if k in answer.details}}
         rows.append(row)
         summary = write(args, methods, rows)  # after every conversation: a stopped run keeps what it did
+    plot(summary, Path(args.out).with_suffix(".png"))
     print(json.dumps({"kinds": dict(Counter(r["kind"] for r in rows)), "summary": summary}, indent=1))
     return 0
 

@@ -99,7 +99,8 @@ def executed(suite, environment, calls) -> list[tuple[dict, str]]:
     out = []
     for call in calls:
         result, error = runtime.run_function(state, call.function, dict(call.args))
-        out.append(({"name": call.function, "arguments": arguments_of(call)}, tool_result_to_str(result) if error is None else error))
+        text = tool_result_to_str(result) if error is None else error
+        out.append(({"name": call.function, "arguments": arguments_of(call)}, text))
     return out
 
 
@@ -196,7 +197,8 @@ def main() -> None:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
     if args.steps:
-        Path(args.steps).write_text(json.dumps({"suites": suites, "steps": steps}, ensure_ascii=False, separators=(",", ":")), encoding="utf-8")
+        data = json.dumps({"suites": suites, "steps": steps}, ensure_ascii=False, separators=(",", ":"))
+        Path(args.steps).write_text(data, encoding="utf-8")
         print(f"{len(steps)} steps: {dict(Counter(s['kind'] for s in steps))}")
     print(f"{len(records)} tasks kept; dropped: {dict(dropped)}")
 

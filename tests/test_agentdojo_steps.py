@@ -16,7 +16,8 @@ def _wire(message: dict) -> dict:
     """A step's message as an OpenAI client sends it (arguments as a JSON string)."""
     if "tool_calls" not in message:
         return message
-    calls = [{**c, "function": {**c["function"], "arguments": json.dumps(c["function"]["arguments"])}} for c in message["tool_calls"]]
+    calls = [{**c, "function": {**c["function"], "arguments": json.dumps(c["function"]["arguments"])}}
+             for c in message["tool_calls"]]
     return {**message, "tool_calls": calls}
 
 
