@@ -20,6 +20,14 @@ from tests.test_small_path import fc_subset
 from tests.tiny_models import tiny_backend
 
 JOKE = [{"role": "user", "content": "Tell me a joke about cats."}]
+# A request done: its call, the result and a text reply (what a follow-up comes after).
+WEATHER_ANSWERED = [
+    {"role": "user", "content": "What's the weather in Oslo?"},
+    {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+    {"role": "tool", "tool_call_id": "c1", "content": '{"temperature": 12, "sky": "rain"}'},
+    {"role": "assistant", "content": "12 degrees and rain in Oslo."},
+]
 
 
 @pytest.fixture(scope="module")
@@ -117,14 +125,7 @@ def test_the_gate_reads_a_follow_ups_new_message_not_the_transcript(embedder: Mi
     from hyfunc.formats.messages import conversation_text
 
     cascade, tools = tiny_cascade(), parse_tools(TOOLS)
-    follow_up = [
-        {"role": "user", "content": "What's the weather in Oslo?"},
-        {"role": "assistant", "content": "", "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
-        {"role": "tool", "tool_call_id": "c1", "content": '{"temperature": 12, "sky": "rain"}'},
-        {"role": "assistant", "content": "12 degrees and rain in Oslo."},
-        JOKE[0],
-    ]
+    follow_up = [*WEATHER_ANSWERED, JOKE[0]]
     cascade.gate = _gate(-1.0, -1.0, embedder)
     transcript = cascade.gate.best_cosine(conversation_text(follow_up), tools)
     alone = cascade.gate.best_cosine(JOKE[0]["content"], tools)
@@ -139,14 +140,7 @@ def test_the_gates_head_confirms_a_follow_up_on_the_new_messages_pass(embedder: 
     from hyfunc.formats.messages import follow_up_alone
 
     cascade, tools = tiny_cascade(), parse_tools(TOOLS)
-    follow_up = [
-        {"role": "user", "content": "What's the weather in Oslo?"},
-        {"role": "assistant", "content": "", "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
-        {"role": "tool", "tool_call_id": "c1", "content": '{"temperature": 12, "sky": "rain"}'},
-        {"role": "assistant", "content": "12 degrees and rain in Oslo."},
-        {"role": "user", "content": "And in Bergen?"},
-    ]
+    follow_up = [*WEATHER_ANSWERED, {"role": "user", "content": "And in Bergen?"}]
     torch.manual_seed(0)  # a head that reads the two passes differently; MiniLM suspects everything
     cascade.gate = OffTopicGate(torch.randn(LARGE_HIDDEN), torch.zeros(()), torch.zeros(LARGE_HIDDEN), torch.ones(LARGE_HIDDEN),
                                 OffTopicConfig(cosine_threshold=2.0, head_threshold=0.0, dismiss_threshold=-1.0), embedder)
