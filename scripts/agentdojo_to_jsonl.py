@@ -173,20 +173,19 @@ def main() -> None:
         environment = suite.load_and_inject_default_environment({})
         finished, suite_records = [], len(records)
         for task_id, task in suite.user_tasks.items():
+            calls = task.ground_truth(environment.model_copy(deep=True))
+            prompt = " ".join(task.PROMPT.split())
             if args.steps:
-                made = executed(suite, environment, task.ground_truth(environment.model_copy(deep=True)))
-                prompt = " ".join(task.PROMPT.split())
+                made = executed(suite, environment, calls)
                 task_made = task_steps(name, task_id, prompt, made, dropped)
                 steps += task_made
                 if task_made and task_made[-1]["label"] == "answer":
                     finished.append((task_id, prompt, made))
-            calls = task.ground_truth(environment.model_copy(deep=True))
             if not calls:
                 dropped["no ground-truth call"] += 1
                 continue
             first = calls[0]
             arguments = arguments_of(first)
-            prompt = " ".join(task.PROMPT.split())
             if not all(stated(v, prompt) for v in arguments.values()):
                 dropped["a value the prompt does not state"] += 1
                 continue
