@@ -139,7 +139,8 @@ def plot(summary: dict, path: Path) -> None:
     ax.set_xticks([x + 0.4 - width / 2 for x in range(len(columns))], [textwrap.fill(c.replace("_", " "), 12) for c in columns],
                   fontsize=8)
     ax.set_ylabel("right, %")
-    ax.legend(fontsize=8, ncols=3, loc="lower center", bbox_to_anchor=(0.5, 1.02))
+    ax.set_ylim(0, 130)  # room for the legend above the bars
+    ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
