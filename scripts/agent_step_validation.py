@@ -27,7 +27,8 @@ with a stage off. Each suite's tools are fixed as a library, read once, as `hyfu
 agent's tools:
 
     python scripts/agent_step_validation.py --agentdojo --artifacts hyfunc/data/cascade \
-        --with-direct qwen-coder-1.5b --engine llamacpp --per-source 4 --out reports/agent-steps/agentdojo.json
+        --with-direct qwen-coder-1.5b --engine llamacpp --per-source 3 \
+        --out reports/agent-steps/agentdojo/shipped-vs-direct.json
 """
 from __future__ import annotations
 
@@ -136,8 +137,8 @@ def plot(summary: dict, path: Path) -> None:
     for i, (label, s) in enumerate(summary.items()):
         cells = [s["by_kind"][k] for k in kinds] + [s["decision_after_results"]] * (len(columns) - len(kinds))
         ax.bar([x + i * width for x in range(len(columns))], [share(c) for c in cells], width, label=label)
-    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(columns))], [textwrap.fill(c.replace("_", " "), 12) for c in columns],
-                  fontsize=8)
+    names = [textwrap.fill(c.replace("_", " "), 12) for c in columns]
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(columns))], names, fontsize=8)
     ax.set_ylabel("right, %")
     ax.set_ylim(0, 130)  # room for the legend above the bars
     ax.legend(fontsize=7, loc="upper left")
@@ -173,12 +174,14 @@ def main() -> int:
         steps += joined_openings(val, args.per_source, args.seed) + follow_ups(val, args.per_source, held_out_off_topic(), args.seed)
         step_kind, step_right = kind, right
     steps = [s for s in steps if step_kind(s) in args.kinds]
+    if not steps:
+        parser.error("no conversation of these kinds")
     methods = {}
     for path in args.artifacts:
         methods[path] = HyFuncMethod.load(path, large_engine=args.engine, small_engine=args.engine)
     first = next(iter(methods.values()))
-    for ablation in args.ablations:
-        methods[f"{args.artifacts[0]} -{ablation}"] = first.variant(CascadeOptions.without(*ablation.split("+")), f"-{ablation}")
+    variants = {f"{args.artifacts[0]} -{a}": first.variant(CascadeOptions.without(*a.split("+")), f"-{a}") for a in args.ablations}
+    methods.update(variants)
     for model in args.with_direct:
         methods[f"direct:{model}"] = load_method("direct", model=model, engine=args.engine, prefix_caching=True)
     rows = []
@@ -187,7 +190,7 @@ def main() -> int:
         if args.agentdojo:
             row["gold_kinds"] = gold_kinds(step)
         for label, method in methods.items():
-            if method.name.startswith("-"):  # an ablation: the first cascade's library, already read
+            if label in variants:  # the first cascade's library, already read
                 method.set_library_state(first.library_state())
             library_seconds = fix_library(method, step.tools) if args.agentdojo else 0.0
             start = time.perf_counter()
