@@ -8,7 +8,7 @@ system prompt, the conversation in its chat template; a suite's or example's too
 library), gives two signals of the same state:
 - p_answer: the shipped next-step head on the soft token (`hyfunc/cascade/next_step.py`; trained on
   fc-train's agent conversations);
-- p_call: the model's own probability that its reply starts with a call (`next_step.CALL_STARTS`),
+- p_call: the model's own probability that its reply starts with a call (`CALL_STARTS` below),
   which nothing here was trained for.
 Conversations: fc-train's agent conversations (`agent_steps.py`, seed 0: all of fc-train's sources;
 the head trained on conversations built from the same examples) and AgentDojo's after-results ones
@@ -30,7 +30,7 @@ import torch
 
 from hyfunc.cascade.agent_steps import ANSWER, AgentStep, agent_steps, chained_steps
 from hyfunc.cascade.data import load_examples
-from hyfunc.cascade.next_step import NEXT_STEP_DIR, NextStepHead, call_start_ids, p_call
+from hyfunc.cascade.next_step import NEXT_STEP_DIR, NextStepHead
 from hyfunc.cascade.soft_token import SoftTokenEncoder
 from hyfunc.data import FC_TRAIN
 from hyfunc.eval.agentdojo_steps import load_agentdojo_steps, step_kind
@@ -40,6 +40,21 @@ from hyfunc.methods.cascade import DEFAULT_ARTIFACT
 from hyfunc.models.engines import load_backend
 
 TOP = 12  # the likeliest first tokens kept per row, to read what the model would write
+# The first tokens with which the large model starts a call under the cascade's instruction,
+# which asks for calls without fixing their form: a JSON object or list, a fenced block, the chat
+# template's tool-call tag.
+CALL_STARTS = ('{"', "{", "[", "```", "``", "<tool_call>")
+
+
+def call_start_ids(tokenizer) -> list[int]:
+    """The ids of the CALL_STARTS that are one token of `tokenizer`'s vocabulary."""
+    ids = (tokenizer.encode(start, add_special_tokens=False) for start in CALL_STARTS)
+    return sorted({found[0] for found in ids if len(found) == 1})
+
+
+def p_call(logits: torch.Tensor, ids: list[int]) -> float:
+    """The model's own probability that its reply starts with a call (next-token `logits`)."""
+    return float(torch.softmax(logits.float(), -1)[ids].sum())
 
 
 def conversations(args: argparse.Namespace) -> list[tuple[str, AgentStep]]:

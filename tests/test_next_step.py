@@ -12,15 +12,7 @@ from fastapi.testclient import TestClient
 
 from hyfunc.cascade.agent_steps import ANSWER, CALL, agent_steps, follow_ups, tool_result
 from hyfunc.cascade.data import load_examples
-from hyfunc.cascade.next_step import (
-    NextStepConfig,
-    NextStepHead,
-    best_threshold,
-    call_start_ids,
-    fit_head,
-    held_out_scores,
-    p_call,
-)
+from hyfunc.cascade.next_step import NextStepConfig, NextStepHead, best_threshold, fit_head, held_out_scores
 from hyfunc.cascade.retriever import Retriever
 from hyfunc.data import FC_TRAIN
 from hyfunc.formats.messages import conversation_text, follow_up_alone, plain_chat
@@ -216,35 +208,6 @@ def test_the_cascade_answers_after_tool_results_when_its_head_says_done() -> Non
     not_done = cascade.answer(LOOP, tools)
     assert not_done.details["next_step"] == "call" and not_done.calls
     assert cascade.answer(LOOP[:1], tools).calls == []  # a first request: the retriever's refusal stands
-
-
-def test_the_models_own_call_probability_sums_the_tokens_that_start_a_call() -> None:
-    cascade = tiny_cascade()
-    ids = call_start_ids(cascade.large.tokenizer)
-    assert ids and all(len(cascade.large.tokenizer.decode([i])) >= 1 for i in ids)
-    logits = torch.zeros(len(cascade.large.tokenizer))
-    logits[ids] = -30.0
-    assert p_call(logits, ids) < 1e-6
-    logits[ids[0]] = 30.0
-    assert p_call(logits, ids) > 0.999
-
-
-def test_the_models_own_call_probability_overrules_a_done_head_at_its_threshold() -> None:
-    head = _head(+20.0)  # the head alone says done
-    assert head.decide(torch.zeros(LARGE_HIDDEN), 0.9)["next_step"] == "answer"  # no call threshold: the head decides
-    head.config.call_threshold = 0.5
-    assert head.decide(torch.zeros(LARGE_HIDDEN), 0.4) == {"next_step": "answer", "p_answer": 1.0, "p_call": 0.4}
-    assert head.decide(torch.zeros(LARGE_HIDDEN), 0.6)["next_step"] == "call"
-    assert head.decide(torch.zeros(LARGE_HIDDEN), None)["next_step"] == "answer"  # no logits: the head alone
-    not_done = _head(-20.0)
-    not_done.config.call_threshold = 0.5
-    assert not_done.decide(torch.zeros(LARGE_HIDDEN), 0.0)["next_step"] == "call"
-    cascade = tiny_cascade()
-    cascade.next_step = head
-    cascade.retriever.config.refusal_threshold = 2.0
-    head.config.call_threshold = 0.0  # any probability reaches it: always a call
-    called = cascade.answer(LOOP, parse_tools(TOOLS))
-    assert called.details["next_step"] == "call" and 0.0 <= called.details["p_call"] <= 1.0 and called.calls
 
 
 def test_the_server_writes_the_answer_from_the_results_when_the_head_says_done() -> None:

@@ -36,33 +36,12 @@ class OneKindOnly(ValueError):
     """The data gave conversations of one kind only (e.g. no request with several calls)."""
 
 
-# The first tokens with which the large model starts a call under the cascade's instruction,
-# which asks for calls without fixing their form: a JSON object or list, a fenced block, the chat
-# template's tool-call tag.
-CALL_STARTS = ('{"', "{", "[", "```", "``", "<tool_call>")
-
-
-def call_start_ids(tokenizer) -> list[int]:
-    """The ids of the CALL_STARTS that are one token of `tokenizer`'s vocabulary."""
-    ids = (tokenizer.encode(start, add_special_tokens=False) for start in CALL_STARTS)
-    return sorted({found[0] for found in ids if len(found) == 1})
-
-
-def p_call(logits: torch.Tensor, ids: Sequence[int]) -> float:
-    """The large model's own probability that its reply starts with a call (next-token `logits`
-    at the end of its pass, `call_start_ids`)."""
-    return float(torch.softmax(logits.float(), -1)[list(ids)].sum())
-
-
 @dataclass
 class NextStepConfig:
     threshold: float = 0.5  # P(answer) at or above it: answer in text
     l2: float = 1e-3
     large_model: str = ""  # the model whose hidden states the head reads
     training: dict = field(default_factory=dict)  # data, counts, held-out scores (for the record)
-    # The large model's own P(its reply starts with a call) at or above it: a call, whatever the
-    # head says. None: the head alone decides.
-    call_threshold: float | None = None
 
 
 class NextStepHead:
@@ -75,17 +54,6 @@ class NextStepHead:
         """P(the request is done) of each soft token ((H,) -> scalar, (n, H) -> (n,))."""
         x = (soft_tokens.float() - self.mean) / self.std
         return torch.sigmoid(x @ self.weight + self.bias)
-
-    def decide(self, soft_token: torch.Tensor, call_probability: float | None) -> dict:
-        """{"next_step": "answer" | "call", "p_answer", and "p_call" when the model's own
-        probability takes part (`call_probability`: from `p_call`; None where no logits)}."""
-        p_answer = float(self.p_answer(soft_token))
-        done = p_answer >= self.config.threshold
-        out = {"p_answer": round(p_answer, 4)}
-        if self.config.call_threshold is not None and call_probability is not None:
-            done = done and call_probability < self.config.call_threshold
-            out["p_call"] = round(call_probability, 4)
-        return {"next_step": "answer" if done else "call", **out}
 
     def save(self, directory: str | Path) -> Path:
         directory = Path(directory)

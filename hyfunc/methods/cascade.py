@@ -53,7 +53,7 @@ from hyfunc.cascade.large_values import LargeValueWriter
 from hyfunc.cascade.lexical import lexical_scores
 from hyfunc.cascade.library import DISK_CACHE_BYTES, LibraryEmbedding, PerFunctionLibrary, embeddings_stored
 from hyfunc.cascade.manifest import MANIFEST
-from hyfunc.cascade.next_step import NEXT_STEP_DIR, NextStepHead, call_start_ids, p_call
+from hyfunc.cascade.next_step import NEXT_STEP_DIR, NextStepHead
 from hyfunc.cascade.off_topic import GATE_DIR, OffTopicGate
 from hyfunc.cascade.retriever import Retriever
 from hyfunc.cascade.small_model import (
@@ -123,7 +123,6 @@ class HyFuncMethod:
     ):
         self.large, self.small = large, small
         self.next_step = next_step  # after tool results: answer in text, or go on to a call
-        self._call_ids: list[int] | None = None  # the large model's tokens that start a call (next_step.py)
         self.after_results = after_results  # writes the calls after tool results, if given
         self.encoder = SoftTokenEncoder(large)
         self.retriever = retriever
@@ -362,12 +361,10 @@ class HyFuncMethod:
         encoding, reused, retriever = self._encode(messages, tools, per_function)
         next_step: dict = {}
         if self.next_step is not None and per_function is None and ends_with_tool_results(messages):
-            logits = encoding.state.logits if encoding.state is not None else None
-            if self._call_ids is None:
-                self._call_ids = call_start_ids(self.large.tokenizer)
-            next_step = self.next_step.decide(encoding.soft_token,
-                                              p_call(logits, self._call_ids) if logits is not None else None)
-            if next_step["next_step"] == "answer":  # the request is done: a text answer, no call
+            p_answer = float(self.next_step.p_answer(encoding.soft_token))
+            done = p_answer >= self.next_step.config.threshold
+            next_step = {"next_step": "answer" if done else "call", "p_answer": round(p_answer, 4)}
+            if done:  # the request is done: a text answer, no call
                 if on_text is not None:
                     on_text(calls_text([]))
                 timings["large_prefill"] = encoding.seconds
