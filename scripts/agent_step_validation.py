@@ -50,6 +50,7 @@ from hyfunc.data import FC_TRAIN
 from hyfunc.eval import agentdojo_steps
 from hyfunc.eval.bfcl_multi_turn import fix_library
 from hyfunc.eval.ood import value_kinds
+from hyfunc.eval.plots import pyplot
 from hyfunc.eval.provenance import provenance
 from hyfunc.eval.refusal import held_out_off_topic
 from hyfunc.formats.calls import Call, same_calls
@@ -120,10 +121,7 @@ def write(args: argparse.Namespace, methods: dict, rows: list[dict]) -> dict:
 
 def plot(summary: dict, path: Path) -> None:
     """Right per kind of step (and the decision after results), one bar per method."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     def share(cell: str) -> float:
         right, n = (int(x) for x in cell.split("/"))
@@ -144,6 +142,7 @@ def plot(summary: dict, path: Path) -> None:
     ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def main() -> int:

@@ -113,13 +113,14 @@ def rules(head_threshold: float, call_threshold: float) -> dict:
     }
 
 
+def right(rule, rows: list[dict]) -> int:
+    """How many of `rows` the rule decides as labelled."""
+    return sum(rule(r) == (r["label"] == ANSWER) for r in rows)
+
+
 def mean_source_accuracy(rule, rows: list[dict]) -> float:
     sources = sorted({r["source"] for r in rows})
-    return sum(_accuracy(rule, [r for r in rows if r["source"] == s]) for s in sources) / len(sources)
-
-
-def _accuracy(rule, rows: list[dict]) -> float:
-    return sum(rule(r) == (r["label"] == ANSWER) for r in rows) / len(rows)
+    return sum(right(rule, part) / len(part) for s in sources if (part := [r for r in rows if r["source"] == s])) / len(sources)
 
 
 def choose_call_threshold(rows: list[dict], head_threshold: float, rule_name: str) -> float:
@@ -139,7 +140,7 @@ def figures(rows: list[dict], head_threshold: float) -> dict:
             mine = [r for r in rows if r["set"] == group]
             splits = {"all": mine, **{f"source {s}": [r for r in mine if r["source"] == s] for s in sorted({r['source'] for r in mine})},
                       **{f"kind {k}": [r for r in mine if r["kind"] == k] for k in sorted({r['kind'] for r in mine})}}
-            cells[group] = {key: {"n": len(part), "right": sum(rule(r) == (r["label"] == ANSWER) for r in part)}
+            cells[group] = {key: {"n": len(part), "right": right(rule, part)}
                             for key, part in splits.items() if part}
         out["rules"][name] = cells
     return out
