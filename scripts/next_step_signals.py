@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import sys
 import time
 from pathlib import Path
@@ -33,7 +32,7 @@ from hyfunc.cascade.data import load_examples
 from hyfunc.cascade.next_step import NEXT_STEP_DIR, NextStepHead
 from hyfunc.cascade.soft_token import SoftTokenEncoder
 from hyfunc.data import FC_TRAIN
-from hyfunc.eval.agentdojo_steps import load_agentdojo_steps, step_kind
+from hyfunc.eval.agentdojo_steps import sample_after_results, step_kind
 from hyfunc.eval.plots import pyplot
 from hyfunc.eval.provenance import provenance, provenance_markdown
 from hyfunc.methods.cascade import DEFAULT_ARTIFACT
@@ -62,12 +61,7 @@ def conversations(args: argparse.Namespace) -> list[tuple[str, AgentStep]]:
     examples = load_examples([str(FC_TRAIN)])
     fc = agent_steps(examples, args.per_source, args.seed)
     fc += [s for s in chained_steps(examples, args.chained_per_source, args.seed) if s.after_results]
-    dojo = [s for s in load_agentdojo_steps() if s.after_results]
-    sample: list[AgentStep] = []
-    for suite in sorted({s.source for s in dojo}):
-        members = [s for s in dojo if s.source == suite]
-        kept = {s.id for s in random.Random(args.seed).sample(members, min(args.agentdojo_per_suite, len(members)))}
-        sample += [s for s in members if s.id in kept]
+    sample = sample_after_results(args.agentdojo_per_suite, args.seed)
     return [("fc-train", s) for s in fc] + [("agentdojo", s) for s in sample]
 
 

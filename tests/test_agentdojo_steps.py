@@ -5,7 +5,7 @@ import json
 from pydantic import TypeAdapter
 
 from hyfunc.cascade.agent_steps import ANSWER, CALL
-from hyfunc.eval.agentdojo_steps import KINDS, load_agentdojo_steps, right, step_kind
+from hyfunc.eval.agentdojo_steps import KINDS, load_agentdojo_steps, right, sample_after_results, step_kind
 from hyfunc.formats.calls import Call
 from hyfunc.formats.messages import ends_with_tool_results, follow_up_alone
 from hyfunc.serving.conversation import read_conversation
@@ -34,6 +34,15 @@ def test_bundled_steps_have_every_kind_of_every_suite_and_labels_that_fit():
         assert all(c["name"] in names for c in step.remaining)
         assert bool(step.remaining) == (step.label == CALL)
 
+
+def test_a_sample_takes_conversations_after_results_per_suite_seeded():
+    everything = [s for s in load_agentdojo_steps() if s.after_results]
+    sample = sample_after_results(per_suite=20, seed=0)
+    counts = {suite: sum(s.source == suite for s in sample) for suite in ("banking", "slack", "travel", "workspace")}
+    assert counts == {suite: min(20, sum(s.source == suite for s in everything)) for suite in counts}
+    assert all(s.after_results for s in sample) and len({s.id for s in sample}) == len(sample)
+    assert [s.id for s in sample_after_results(per_suite=20, seed=0)] == [s.id for s in sample]
+    assert [s.id for s in sample_after_results(per_suite=20, seed=1)] != [s.id for s in sample]
 
 def test_every_conversation_is_one_the_server_accepts():
     adapter = TypeAdapter(list[Message])

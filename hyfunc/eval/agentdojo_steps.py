@@ -15,6 +15,7 @@ ground-truth calls made one per turn with the results AgentDojo's environment re
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 from hyfunc.cascade.agent_steps import ANSWER, AgentStep
@@ -34,6 +35,18 @@ def load_agentdojo_steps(path: str | Path = AGENTDOJO_STEPS) -> list[AgentStep]:
                   form=s["kind"] if s["kind"].startswith("follow_up") else "single")
         for s in data["steps"]
     ]
+
+
+def sample_after_results(per_suite: int, seed: int = 0, path: str | Path = AGENTDOJO_STEPS) -> list[AgentStep]:
+    """A seeded sample of up to `per_suite` conversations per suite that end with tool results,
+    in the file's order."""
+    steps = [s for s in load_agentdojo_steps(path) if s.after_results]
+    out: list[AgentStep] = []
+    for suite in sorted({s.source for s in steps}):
+        members = [s for s in steps if s.source == suite]
+        kept = {s.id for s in random.Random(seed).sample(members, min(per_suite, len(members)))}
+        out += [s for s in members if s.id in kept]
+    return out
 
 
 def step_kind(step: AgentStep) -> str:
