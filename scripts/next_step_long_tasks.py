@@ -5,33 +5,48 @@
 
 On AgentDojo the shipped head answers after two results and calls before (`reports/next-step/signals/`):
 in its training conversations (single and joined requests of fc-train) the number of results made
-mostly tells whether the task is done. Long tasks (`agent_steps.long_steps`: three or four requests
+mostly tells whether the task is done. Long tasks (`long_steps` below: three or four requests
 asked at once, one call per turn, "call" after 2 to n-1 results, "answer" after all n) break that.
 
 Two heads, trained as `hyfunc prepare` trains one (logistic regression on the soft token, threshold
 with the best mean leave-one-source-out accuracy over fc-train's sources, then fitted on them all):
 - "base": fc-train's single, joined and chained conversations;
-- "base + long": the same and the long tasks (`next_step_training.HeadRecipe` with these counts).
+- "base + long": the same and the long tasks (`long_steps` below).
 Scored on (1) every fc-train conversation, leave-one-source-out (each source by heads trained on
 the others: the base head never sees a long task, so its score on them is held out too) and (2)
 AgentDojo's after-results sample of `reports/next-step/signals/` (never trained on), beside the
-shipped head. The soft tokens come from one pass of the cascade's large model each (as served),
-cached in $HYFUNC_HOME/next-step-cache as `hyfunc prepare` caches them.
+shipped head. The soft tokens come from one pass of the cascade's large model each (as served);
+fc-train's are cached in $HYFUNC_HOME/next-step-cache as `hyfunc prepare` caches them (a rerun
+reuses them), AgentDojo's are computed again on every run.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Sequence
 
 import torch
 
-from hyfunc.cascade.agent_steps import ANSWER, AgentStep
-from hyfunc.cascade.data import load_examples
+from hyfunc.cascade.agent_steps import (
+    ANSWER,
+    CALL,
+    JOINERS,
+    AgentStep,
+    _by_source,
+    _call_turns,
+    _calls,
+    _join,
+    _share_tools,
+    agent_steps,
+    chained_steps,
+)
+from hyfunc.cascade.data import Example, load_examples
 from hyfunc.cascade.next_step import NEXT_STEP_DIR, NextStepConfig, NextStepHead, best_threshold, fit_head
-from hyfunc.cascade.next_step_training import HeadRecipe, cache_file, encode_steps
+from hyfunc.cascade.next_step_training import cache_file, encode_steps
 from hyfunc.cascade.soft_token import SoftTokenEncoder
 from hyfunc.config import hyfunc_home
 from hyfunc.data import FC_TRAIN
@@ -40,6 +55,40 @@ from hyfunc.eval.plots import pyplot
 from hyfunc.eval.provenance import provenance, provenance_markdown
 from hyfunc.methods.cascade import DEFAULT_ARTIFACT
 from hyfunc.models.engines import load_backend
+
+
+def long_steps(examples: Sequence[Example], per_source: int, seed: int = 0) -> list[AgentStep]:
+    """Up to `per_source` long tasks per source: three or four requests asked at once (no tool
+    shared), their calls made one per turn (3 or more results), as two steps: after k of the n
+    calls (2 <= k < n) -> "call"; after all -> "answer". Beside single and joined requests (one or
+    two results), the number of results made so far no longer tells whether the task is done."""
+    rng = random.Random(f"long:{seed}")
+    out: list[AgentStep] = []
+    for source, pool in sorted(_by_source(examples).items()):
+        rng.shuffle(pool)
+        made, at = 0, 0
+        while made < per_source and at + 4 <= len(pool):
+            parts = pool[at:at + rng.choice((3, 4))]
+            at += len(parts)
+            if any(_share_tools(a, b) for i, a in enumerate(parts) for b in parts[i + 1:]):
+                continue
+            query = parts[0].query
+            for part in parts[1:]:
+                query = _join(query, rng.choice(JOINERS), part.query)
+            user = {"role": "user", "content": query}
+            tools = [t for part in parts for t in part.tools]
+            calls = [c for part in parts for c in _calls(part)]
+            k = rng.randint(2, len(calls) - 1)
+            drawn = rng.getstate()  # the first k results drawn alike in both steps
+            done, done_facts = _call_turns(calls[:k], "l", rng, together=False)
+            rng.setstate(drawn)
+            turns, facts = _call_turns(calls, "l", rng, together=False)
+            rid, origin = "+".join(p.id for p in parts), tuple(p.id for p in parts)
+            out.append(AgentStep(f"{rid}:first{k}", source, [user, *done], tools, CALL, calls[k:], done_facts, origin,
+                                 "long"))
+            out.append(AgentStep(rid, source, [user, *turns], tools, ANSWER, facts=facts, origin=origin, form="long"))
+            made += 1
+    return out
 
 
 def results_made(step: AgentStep) -> int:
@@ -66,18 +115,21 @@ def cells(said: torch.Tensor, steps: list[AgentStep], key) -> dict:
             cell = out.setdefault(group, {"n": 0, "right": 0})
             cell["n"] += 1
             cell["right"] += answer == (step.label == ANSWER)
-    return dict(sorted(out.items(), key=lambda kv: (kv[0] != "all", kv[0])))
+    return dict(sorted(out.items(), key=lambda kv: (kv[0] != "all", int(kv[0]) if kv[0].isdigit() else 0, kv[0])))
 
 
 def run(args: argparse.Namespace) -> dict:
-    fc = HeadRecipe(args.per_source, args.chained_per_source, args.long_per_source).steps(load_examples([str(FC_TRAIN)]), args.seed)
+    examples = load_examples([str(FC_TRAIN)])
+    fc = agent_steps(examples, args.per_source, args.seed)
+    fc += [s for s in chained_steps(examples, args.chained_per_source, args.seed) if s.after_results]
+    fc += long_steps(examples, args.long_per_source, args.seed)
     dojo = sample_after_results(args.agentdojo_per_suite, args.seed)
     shipped = NextStepHead.load(args.artifact / NEXT_STEP_DIR)
     large = load_backend(shipped.config.large_model, args.engine, role="large")
     cache = cache_file(hyfunc_home() / "next-step-cache", large)
     encoder = SoftTokenEncoder(large)
     soft = encode_steps(encoder, fc, cache)
-    dojo_soft = encode_steps(encoder, dojo, cache)
+    dojo_soft = encode_steps(encoder, dojo, None)  # passed again each run: these figures come from this code
 
     answers = torch.tensor([s.label == ANSWER for s in fc])
     sources = [s.source for s in fc]
@@ -101,6 +153,7 @@ def run(args: argparse.Namespace) -> dict:
             "fc-train held out, by form": cells(scores >= threshold, fc, lambda s: s.form),
             "fc-train held out, by source": cells(scores >= threshold, fc, lambda s: s.source),
             "agentdojo, by suite": cells(dojo_p >= threshold, dojo, lambda s: s.source),
+            "agentdojo, by label": cells(dojo_p >= threshold, dojo, lambda s: s.label),
             "agentdojo, by results made": cells(dojo_p >= threshold, dojo, results_made),
             "agentdojo answers said": int((dojo_p >= threshold).sum()),
             "agentdojo auc": auc(dojo_p, dojo_answers),
@@ -109,6 +162,7 @@ def run(args: argparse.Namespace) -> dict:
     record["heads"]["shipped"] = {
         "trained_on": shipped.config.training.get("conversations"), "threshold": shipped.config.threshold,
         "agentdojo, by suite": cells(shipped_p >= shipped.config.threshold, dojo, lambda s: s.source),
+        "agentdojo, by label": cells(shipped_p >= shipped.config.threshold, dojo, lambda s: s.label),
         "agentdojo, by results made": cells(shipped_p >= shipped.config.threshold, dojo, results_made),
         "agentdojo answers said": int((shipped_p >= shipped.config.threshold).sum()),
         "agentdojo auc": auc(shipped_p, dojo_answers),
@@ -130,7 +184,7 @@ def write(out: Path, record: dict) -> None:
         c = heads[name].get(table, {}).get(key)
         return "–" if c is None else f"{c['right']} / {c['n']} ({c['right'] / c['n']:.1%})"
 
-    rows = [(table, key) for table in ("agentdojo, by suite", "agentdojo, by results made")
+    rows = [(table, key) for table in ("agentdojo, by suite", "agentdojo, by label", "agentdojo, by results made")
             for key in heads["base"][table]]
     rows += [(table, key) for table in ("fc-train held out, by form", "fc-train held out, by source")
              for key in heads["base"][table]]

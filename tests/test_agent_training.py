@@ -12,7 +12,7 @@ from peft import PeftModel
 from safetensors.torch import load_file
 
 from hyfunc.cascade.after_results import AFTER_RESULTS_DIR, SmallWriter
-from hyfunc.cascade.agent_steps import ANSWER, CALL, STEP_KINDS, _mentions, chained_steps, joined_openings, long_steps
+from hyfunc.cascade.agent_steps import ANSWER, CALL, STEP_KINDS, _mentions, chained_steps, joined_openings
 from hyfunc.cascade.agent_training import AgentTrainingConfig, agent_sft_items, sft_steps, train_agent_steps
 from hyfunc.cascade.data import load_examples, split_examples
 from hyfunc.cascade.next_step_training import cache_file, encode_steps, step_key
@@ -68,27 +68,6 @@ def test_a_joined_opening_asks_for_every_call_of_both_requests(chained: list) ->
     assert any(" Then " in s.messages[0]["content"] for s in joined)
     assert {s.form for s in chained} == {"chained"}
 
-
-def test_a_long_task_calls_after_several_results_and_answers_after_all() -> None:
-    examples = load_examples(FC_TRAIN)
-    steps = long_steps(examples, per_source=4, seed=0)
-    per_source = {source: sum(s.source == source for s in steps) for source in {s.source for s in steps}}
-    # every source gives some (API-Bank level 2's few requests often share tools: fewer there)
-    assert len(per_source) == 7 and all(2 <= n <= 2 * 4 for n in per_source.values()) and len(steps) > 2 * 4 * 6
-    by_id = {ex.id: ex for ex in examples}
-    for partial, done in zip(steps[::2], steps[1::2]):
-        parts = [by_id[i] for i in done.origin]
-        calls = [c.name for ex in parts for c in ex.answers]
-        assert len(parts) in (3, 4) and partial.origin == done.origin and {partial.form, done.form} == {"long"}
-        assert partial.label == CALL and done.label == ANSWER and partial.after_results and done.after_results
-        # one call per turn, each answered; the partial step is the finished one cut after k calls
-        made = [c["function"]["name"] for m in done.messages for c in m.get("tool_calls") or []]
-        assert made == calls and all(len(m.get("tool_calls") or []) <= 1 for m in done.messages)
-        k = sum(m["role"] == "tool" for m in partial.messages)
-        assert 2 <= k < len(calls) and partial.messages == done.messages[:1 + 2 * k]
-        assert [c["name"] for c in partial.remaining] == calls[k:] and partial.facts == done.facts[:len(partial.facts)]
-        assert len({t.name for t in done.tools}) == sum(len(ex.tools) for ex in parts)
-    assert [s.messages for s in long_steps(examples, per_source=4, seed=0)] == [s.messages for s in steps]  # seeded
 
 def test_small_model_items_read_the_transcript_and_target_the_calls_left(chained: list) -> None:
     small = tiny_backend()

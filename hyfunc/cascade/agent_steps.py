@@ -12,8 +12,6 @@ calls but no results, so the conversations are extended call -> plausible result
   returns ("... Then book a table at the restaurant id it returns."): before any call, only the
   first request's calls are due ("call", an opening step: no result yet); after their results,
   whose one holds the value, the second call with that value ("call"); after both, "answer"
-- long tasks (optional): three or four requests joined, one call per turn: after k of n calls (k >= 2)
-  -> "call", after all -> "answer", so that the number of results does not tell the label
 - joined openings (optional): two independent requests asked at once, before any call: every
   call of both is due at once. The chained opening's counterpart, with the same joiners ("Then",
   a new line): only a reference to a returned value defers the second request's calls
@@ -58,7 +56,7 @@ class AgentStep:
     remaining: list[dict] = field(default_factory=list)  # the calls still to make (CALL)
     facts: list[str] = field(default_factory=list)  # the results' outcomes: what an answer must tell
     origin: tuple[str, ...] = ()  # the ids of the examples it was built from
-    form: str = "single"  # single | joined | chained | long: how its request was made
+    form: str = "single"  # single | joined | chained: how its request was made
 
     @property
     def after_results(self) -> bool:
@@ -222,40 +220,6 @@ def chained_steps(examples: Sequence[Example], per_source: int, seed: int = 0) -
             if first.id == second.id or _mentions(value, first.query) or _share_tools(first, second):
                 continue
             out += _chained(first, second, key, value, rng)
-            made += 1
-    return out
-
-
-def long_steps(examples: Sequence[Example], per_source: int, seed: int = 0) -> list[AgentStep]:
-    """Up to `per_source` long tasks per source: three or four requests asked at once (no tool
-    shared), their calls made one per turn (3 or more results), as two steps: after k of the n
-    calls (2 <= k < n) -> "call"; after all -> "answer". Beside single and joined requests (one or
-    two results), the number of results made so far no longer tells whether the task is done."""
-    rng = random.Random(f"long:{seed}")
-    out: list[AgentStep] = []
-    for source, pool in sorted(_by_source(examples).items()):
-        rng.shuffle(pool)
-        made, at = 0, 0
-        while made < per_source and at + 4 <= len(pool):
-            parts = pool[at:at + rng.choice((3, 4))]
-            at += len(parts)
-            if any(_share_tools(a, b) for i, a in enumerate(parts) for b in parts[i + 1:]):
-                continue
-            query = parts[0].query
-            for part in parts[1:]:
-                query = _join(query, rng.choice(JOINERS), part.query)
-            user = {"role": "user", "content": query}
-            tools = [t for part in parts for t in part.tools]
-            calls = [c for part in parts for c in _calls(part)]
-            k = rng.randint(2, len(calls) - 1)
-            drawn = rng.getstate()  # the first k results drawn alike in both steps
-            done, done_facts = _call_turns(calls[:k], "l", rng, together=False)
-            rng.setstate(drawn)
-            turns, facts = _call_turns(calls, "l", rng, together=False)
-            rid, origin = "+".join(p.id for p in parts), tuple(p.id for p in parts)
-            out.append(AgentStep(f"{rid}:first{k}", source, [user, *done], tools, CALL, calls[k:], done_facts, origin,
-                                 "long"))
-            out.append(AgentStep(rid, source, [user, *turns], tools, ANSWER, facts=facts, origin=origin, form="long"))
             made += 1
     return out
 

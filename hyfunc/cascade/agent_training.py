@@ -36,7 +36,7 @@ from hyfunc.cascade.agent_steps import CALL, STEP_KINDS, AgentStep, agent_steps,
 from hyfunc.cascade.data import Example, load_examples, sample_by_pattern, split_examples
 from hyfunc.cascade.manifest import MANIFEST, write_manifest
 from hyfunc.cascade.next_step import NEXT_STEP_DIR
-from hyfunc.cascade.next_step_training import HeadRecipe, cache_file, encode_steps, train_next_step
+from hyfunc.cascade.next_step_training import cache_file, encode_steps, train_next_step
 from hyfunc.cascade.prepare import SFTItem, compute_embeddings, load_embeddings, sft_items, train_small
 from hyfunc.cascade.retriever import Retriever
 from hyfunc.cascade.small_model import build_small_prompt
@@ -54,7 +54,6 @@ class AgentTrainingConfig:
     per_source: int = 30  # agent_steps' conversations of each label per source (the head's, as prepared)
     chained_per_source: int = 15  # chained requests per source (three steps each)
     joined_per_source: int = 15  # independent requests asked at once per source (their opening)
-    long_per_source: int = HeadRecipe.long_per_source  # long tasks per source (the head's only)
     max_items: int = 240  # agent items sampled (equal shares of the kinds below)
     kinds: tuple[str, ...] = STEP_KINDS  # of the small model's items
     # True: the trained adapter and projector become the artifact's after-results small model
@@ -144,8 +143,8 @@ def train_agent_steps(artifact: Path, data: Sequence[str], engine: str, cache_di
         shutil.copy2(artifact / "projector.json", into / "projector.json")
     shutil.rmtree(work)
 
-    recipe = HeadRecipe(config.per_source, config.chained_per_source, config.long_per_source)
-    trained = train_next_step(artifact / NEXT_STEP_DIR, large, everything, recipe, cache_dir, config.seed)
+    trained = train_next_step(artifact / NEXT_STEP_DIR, large, everything, config.per_source, cache_dir, config.seed,
+                              chained_per_source=config.chained_per_source)
     head = {k: trained[k] for k in ("conversations", "threshold", "held_out")}
     record = {
         "config": asdict(config),

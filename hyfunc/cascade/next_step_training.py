@@ -1,8 +1,7 @@
 """Train a cascade's next-step head and score it on held-out sources (`hyfunc prepare`, and
 `hyfunc prepare --next-step-only` for a cascade already prepared).
 
-1. build agent conversations from fc-train (`agent_steps.py`) by a `HeadRecipe`: single and joined
-   requests, chained ones, and long tasks (three or four requests, a call per turn), per source;
+1. build agent conversations from fc-train (`agent_steps.py`), up to N of each label per source;
 2. one pass of the cascade's large model over each (as served: instruction + tools in the system
    prompt, the conversation in the chat template) -> its soft token; kept in a cache file per
    model and engine, so a rerun runs the model only for conversations it has not seen;
@@ -17,7 +16,6 @@ import hashlib
 import json
 import logging
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -25,7 +23,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
-from hyfunc.cascade.agent_steps import ANSWER, AgentStep, agent_steps, chained_steps, long_steps
+from hyfunc.cascade.agent_steps import ANSWER, AgentStep, agent_steps, chained_steps
 from hyfunc.cascade.data import Example, load_examples
 from hyfunc.cascade.manifest import MANIFEST, write_manifest
 from hyfunc.cascade.next_step import (
@@ -42,22 +40,6 @@ from hyfunc.models.engines import load_backend
 
 log = logging.getLogger("hyfunc.next_step")
 SAVE_EVERY = 25  # conversations encoded between writes of the cache
-
-
-@dataclass(frozen=True)
-class HeadRecipe:
-    """The agent conversations the head learns from, per data source. Chosen on AgentDojo, never
-    trained on (`reports/next-step/long-tasks/`): without long tasks the head learns that the
-    number of results tells whether a task is done."""
-
-    per_source: int = 10  # agent_steps' conversations of each label (single and joined requests)
-    chained_per_source: int = 3  # chained requests (their two steps after results)
-    long_per_source: int = 6  # long tasks (their two steps)
-
-    def steps(self, examples: Sequence[Example], seed: int) -> list[AgentStep]:
-        steps = agent_steps(examples, self.per_source, seed)
-        steps += [s for s in chained_steps(examples, self.chained_per_source, seed) if s.after_results]
-        return steps + long_steps(examples, self.long_per_source, seed)
 
 
 def step_key(step: AgentStep) -> str:
@@ -117,11 +99,13 @@ def source_figures(scores: torch.Tensor, answers: torch.Tensor, sources: Sequenc
     return out
 
 
-def train_next_step(out: Path, large: BackendBase, examples: Sequence[Example], recipe: HeadRecipe,
-                    cache_dir: Path | None, seed: int = 0) -> dict:
-    """Train the head on agent conversations built from `examples` by `recipe`, save it in `out`;
-    returns the held-out record, with the conversations the held-out heads got wrong (`misses`)."""
-    steps = recipe.steps(examples, seed)
+def train_next_step(out: Path, large: BackendBase, examples: Sequence[Example], per_source: int,
+                    cache_dir: Path | None, seed: int = 0, chained_per_source: int = 0) -> dict:
+    """Train the head on agent conversations built from `examples` (`chained_per_source`: with
+    that many chained requests per source too), save it in `out`; returns the held-out record,
+    with the conversations the held-out heads got wrong (`misses`)."""
+    steps = agent_steps(examples, per_source, seed)
+    steps += [s for s in chained_steps(examples, chained_per_source, seed) if s.after_results]
     answers = torch.tensor([s.label == ANSWER for s in steps])
     if len(set(answers.tolist())) < 2:  # before any model pass
         raise OneKindOnly("the data makes agent conversations of one kind only: the next-step head needs requests "
@@ -136,7 +120,8 @@ def train_next_step(out: Path, large: BackendBase, examples: Sequence[Example], 
     config.threshold = best_threshold(scores, answers, sources)
     record = {
         "conversations": len(steps),
-        **asdict(recipe),
+        "per_source": per_source,
+        "chained_per_source": chained_per_source,
         "seed": seed,
         "engine": large.description,
         "encode_seconds": round(seconds, 1),
@@ -153,13 +138,13 @@ def train_next_step(out: Path, large: BackendBase, examples: Sequence[Example], 
     return record
 
 
-def add_next_step(artifact: Path, data: Sequence[str], recipe: HeadRecipe, engine: str, cache_dir: Path | None,
+def add_next_step(artifact: Path, data: Sequence[str], per_source: int, engine: str, cache_dir: Path | None,
                   seed: int = 0) -> dict:
     """(Re)train the head of the prepared cascade in `artifact` on `data`, with its large model;
     the held-out figures go into its manifest too."""
     manifest = json.loads((artifact / MANIFEST).read_text())
     large = load_backend(manifest["large_model"], engine, role="large")
-    record = train_next_step(artifact / NEXT_STEP_DIR, large, load_examples(list(data)), recipe, cache_dir, seed)
+    record = train_next_step(artifact / NEXT_STEP_DIR, large, load_examples(list(data)), per_source, cache_dir, seed)
     record["data"] = [str(d) for d in data]
     manifest.setdefault("metrics", {})["next_step"] = {k: record[k] for k in ("conversations", "threshold", "held_out")}
     write_manifest(artifact, manifest)

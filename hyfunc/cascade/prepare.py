@@ -47,7 +47,7 @@ from hyfunc.cascade.lexical import fit_lexical_weight, lexical_scores
 from hyfunc.cascade.library import train_library_retriever
 from hyfunc.cascade.manifest import MANIFEST, write_manifest
 from hyfunc.cascade.next_step import NEXT_STEP_DIR, OneKindOnly
-from hyfunc.cascade.next_step_training import HeadRecipe, train_next_step
+from hyfunc.cascade.next_step_training import train_next_step
 from hyfunc.cascade.off_topic import GATE_DIR, OffTopicGate, train_gate
 from hyfunc.cascade.retriever import (
     RetrievalData,
@@ -88,9 +88,8 @@ class PrepareConfig:
     val_fraction: float = 0.1
     refusal_fraction: float = 0.15  # extra no-call examples of each kind (near miss, unrelated tools, off-topic)
     off_topic_gate: bool = True  # train the off-topic gate (off_topic.py) on the large model's soft tokens
-    # Agent conversations of each kind per source for the next-step head (next_step.py, with the
-    # rest of its HeadRecipe); 0: no head.
-    next_step_per_source: int = HeadRecipe.per_source
+    # Agent conversations of each kind per source for the next-step head (next_step.py); 0: none.
+    next_step_per_source: int = 30
     repeat_fraction: float = 0.0  # extra repeated-call examples (data.repeated_examples), from the whole split
     schema_fraction: float = 0.0  # extra training requests under other spellings of their schemas (schema_variants.py)
     shard_size: int = 64
@@ -453,7 +452,7 @@ def prepare(config: PrepareConfig, out: Path, large: Backend | None = None, smal
     if config.next_step_per_source:
         start = time.perf_counter()
         try:
-            record = train_next_step(out / NEXT_STEP_DIR, large, everything, HeadRecipe(config.next_step_per_source),
+            record = train_next_step(out / NEXT_STEP_DIR, large, everything, config.next_step_per_source,
                                      out / "embeddings" / "next_step", config.seed)
             next_step_metrics = {k: record[k] for k in ("conversations", "threshold", "held_out")}
         except OneKindOnly as err:  # the cascade still answers; after tool results as without a head

@@ -136,30 +136,21 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         lora_rank=args.lora_rank, max_examples=args.max_examples, sft_max_items=args.sft_max_items, seed=args.seed,
         library=args.library, repeat_fraction=args.repeat_fraction,
         schema_fraction=args.schema_variants,
-        off_topic_gate=not args.no_off_topic_gate,
-        **_given(args, per_source="next_step_per_source"),
+        off_topic_gate=not args.no_off_topic_gate, next_step_per_source=args.per_source,
     )
     manifest = prepare(config, Path(args.out))
     print(json.dumps({"artifact": args.out, "metrics": manifest["metrics"], "seconds": manifest["seconds"]}, indent=2))
     return 0
 
 
-def _given(args: argparse.Namespace, **names: str) -> dict:
-    """{keyword: value} of the options in `names` (option -> keyword) given on the command line:
-    the others keep their config's default."""
-    return {keyword: getattr(args, option) for option, keyword in names.items() if getattr(args, option) is not None}
-
-
 def _prepare_next_step(args: argparse.Namespace) -> int:
-    from hyfunc.cascade.next_step_training import HeadRecipe, add_next_step
+    from hyfunc.cascade.next_step_training import add_next_step
     from hyfunc.eval.next_step_report import write_report
 
     out = Path(args.out)
     if not (out / MANIFEST).is_file():
         raise InputError(f"--next-step-only: {args.out} is not a prepared cascade (no manifest.json)")
-    recipe = HeadRecipe(**_given(args, per_source="per_source", chained_per_source="chained_per_source",
-                                 long_per_source="long_per_source"))
-    record = add_next_step(out, args.data, recipe, args.engine, hyfunc_home() / "next-step-cache", args.seed)
+    record = add_next_step(out, args.data, args.per_source, args.engine, hyfunc_home() / "next-step-cache", args.seed)
     if args.report:
         write_report(Path(args.report), record, sys.argv)
     print(json.dumps({"artifact": args.out, "threshold": record["threshold"], "held_out": record["held_out"]}, indent=2))
@@ -174,8 +165,7 @@ def _prepare_agent_steps(args: argparse.Namespace) -> int:
         raise InputError(f"--agent-only: {args.out} is not a prepared cascade (no manifest.json)")
     if args.after_results_model and args.agent_kinds != ["after_results"]:
         raise InputError("--after-results-model: the model is used only after tool results; give --agent-kinds after_results")
-    config = AgentTrainingConfig(**_given(args, per_source="per_source", chained_per_source="chained_per_source",
-                                          long_per_source="long_per_source"),
+    config = AgentTrainingConfig(per_source=args.per_source, chained_per_source=args.chained_per_source,
                                  joined_per_source=args.joined_per_source, max_items=args.agent_items,
                                  kinds=tuple(args.agent_kinds), separate=args.after_results_model,
                                  replay=args.replay, sft_epochs=args.epochs, seed=args.seed)

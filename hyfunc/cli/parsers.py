@@ -225,14 +225,10 @@ def _add_prepare_parser(sub: argparse._SubParsersAction) -> None:
     prep.add_argument("--agent-only", action="store_true",
                       help="go on training the small model and the next-step head of the cascade in --out on agent "
                       "conversations (calls made, results, the calls left; chained requests)")
-    prep.add_argument("--per-source", type=int, default=None,
-                      help="agent conversations of each kind (answer, call) per data source; 0: no next-step head "
-                      "(default: the head's recipe, 10; --agent-only: 30)")
-    prep.add_argument("--chained-per-source", type=int, default=None,
-                      help="chained requests per data source, the second call needs a value the first returns "
-                      "(default: the head's recipe, 3; --agent-only: 15)")
-    prep.add_argument("--long-per-source", type=int, default=None,
-                      help="next-step head: long tasks per data source, three or four requests a call per turn (default 6)")
+    prep.add_argument("--per-source", type=int, default=30,
+                      help="next-step head: agent conversations of each kind (answer, call) per data source; 0: no head")
+    prep.add_argument("--chained-per-source", type=int, default=15,
+                      help="--agent-only: chained requests per data source (the second call needs a value the first returns)")
     prep.add_argument("--joined-per-source", type=int, default=15,
                       help="--agent-only: pairs of independent requests asked at once per data source (every call due at once)")
     prep.add_argument("--agent-items", type=int, default=240, help="--agent-only: agent conversations trained on (a sample)")
