@@ -15,9 +15,9 @@ with the best mean leave-one-source-out accuracy over fc-train's sources, then f
 Scored on (1) every fc-train conversation, leave-one-source-out (each source by heads trained on
 the others: the base head never sees a long task, so its score on them is held out too) and (2)
 AgentDojo's after-results sample of `reports/next-step/signals/` (never trained on), beside the
-shipped head. The soft tokens come from one pass of the cascade's large model each (as served);
-fc-train's are cached in $HYFUNC_HOME/next-step-cache as `hyfunc prepare` caches them (a rerun
-reuses them), AgentDojo's are computed again on every run.
+shipped head. The soft tokens come from one pass of the cascade's large model each (as served),
+cached in $HYFUNC_HOME/next-step-cache as `hyfunc prepare` caches them: a rerun reuses them, and
+the cache does not know which code wrote them (delete it to pass them all again).
 """
 from __future__ import annotations
 
@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> dict:
     cache = cache_file(hyfunc_home() / "next-step-cache", large)
     encoder = SoftTokenEncoder(large)
     soft = encode_steps(encoder, fc, cache)
-    dojo_soft = encode_steps(encoder, dojo, None)  # passed again each run: these figures come from this code
+    dojo_soft = encode_steps(encoder, dojo, cache)
 
     answers = torch.tensor([s.label == ANSWER for s in fc])
     sources = [s.source for s in fc]
