@@ -51,7 +51,7 @@ from hyfunc.cascade.soft_token import SoftTokenEncoder
 from hyfunc.config import hyfunc_home
 from hyfunc.data import FC_TRAIN
 from hyfunc.eval.agentdojo_steps import sample_after_results
-from hyfunc.eval.plots import pyplot
+from hyfunc.eval.plots import grouped_bars
 from hyfunc.eval.provenance import provenance, provenance_markdown
 from hyfunc.methods.cascade import DEFAULT_ARTIFACT
 from hyfunc.models.engines import load_backend
@@ -199,22 +199,9 @@ def write(out: Path, record: dict) -> None:
         "", provenance_markdown(record["provenance"]),
     ]
     (out / "results.md").write_text("\n".join(lines) + "\n")
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7.5, 3.2))
-    keys = list(heads["base"]["agentdojo, by suite"])
-    width = 0.8 / len(heads)
-    for i, (name, head) in enumerate(heads.items()):
-        table = head["agentdojo, by suite"]
-        ax.bar([x + i * width for x in range(len(keys))], [table[k]["right"] / table[k]["n"] for k in keys], width, label=name)
-    ax.axhline(0.95, color="#a44", linestyle="--", linewidth=1)
-    ax.set_xticks([x + width * (len(heads) - 1) / 2 for x in range(len(keys))], keys)
-    ax.set_ylim(0, 1)
-    ax.set_ylabel("right: answer or call")
-    ax.set_title("AgentDojo after tool results, by head (dashed: 95 %)")
-    ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(out / "results.png", dpi=120)
-    plt.close(fig)
+    series = {name: {suite: c["right"] / c["n"] for suite, c in head["agentdojo, by suite"].items()} for name, head in heads.items()}
+    grouped_bars(out / "results.png", series, "right: answer or call", "AgentDojo after tool results, by head (dashed: 95 %)",
+                 target=0.95)
 
 
 def main() -> int:

@@ -33,7 +33,7 @@ from hyfunc.cascade.next_step import NEXT_STEP_DIR, NextStepHead
 from hyfunc.cascade.soft_token import SoftTokenEncoder
 from hyfunc.data import FC_TRAIN
 from hyfunc.eval.agentdojo_steps import sample_after_results, step_kind
-from hyfunc.eval.plots import pyplot
+from hyfunc.eval.plots import grouped_bars
 from hyfunc.eval.provenance import provenance, provenance_markdown
 from hyfunc.methods.cascade import DEFAULT_ARTIFACT
 from hyfunc.models.engines import load_backend
@@ -178,23 +178,10 @@ def write(args: argparse.Namespace, rows: list[dict], head_threshold: float) -> 
 
 
 def plot(path: Path, record: dict) -> None:
-    plt = pyplot()
-    names = list(record["rules"])
-    suites = [k for k in record["rules"][names[0]]["agentdojo"] if k.startswith("source") or k == "all"]
-    fig, ax = plt.subplots(figsize=(7.5, 3.2))
-    width = 0.8 / len(names)
-    for i, name in enumerate(names):
-        cells = record["rules"][name]["agentdojo"]
-        ax.bar([x + i * width for x in range(len(suites))], [cells[k]["right"] / cells[k]["n"] for k in suites], width, label=name)
-    ax.axhline(0.95, color="#a44", linestyle="--", linewidth=1)
-    ax.set_xticks([x + width * (len(names) - 1) / 2 for x in range(len(suites))], [k.replace("source ", "") for k in suites])
-    ax.set_ylim(0, 1)
-    ax.set_ylabel("right: answer or call")
-    ax.set_title("AgentDojo after tool results (thresholds from fc-train; dashed: 95 %)")
-    ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    series = {name: {key.replace("source ", ""): c["right"] / c["n"] for key, c in cells["agentdojo"].items()
+                     if key.startswith("source") or key == "all"} for name, cells in record["rules"].items()}
+    grouped_bars(path, series, "right: answer or call",
+                 "AgentDojo after tool results (thresholds from fc-train; dashed: 95 %)", target=0.95)
 
 
 def main() -> int:

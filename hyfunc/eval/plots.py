@@ -32,3 +32,25 @@ def bars_per_source(path: Path, values: Mapping[str, float], ylabel: str, title:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def grouped_bars(path: Path, series: Mapping[str, Mapping[str, float]], ylabel: str, title: str,
+                 target: float | None = None) -> None:
+    """A bar per series (e.g. a method) in each group (e.g. a suite), on a 0-1 scale, with an
+    optional dashed target line. `series`: name -> group -> value, every series with the same groups."""
+    plt = pyplot()
+    groups = list(next(iter(series.values())))
+    fig, ax = plt.subplots(figsize=(7.5, 3.2))
+    width = 0.8 / len(series)
+    for i, (name, values) in enumerate(series.items()):
+        ax.bar([x + i * width for x in range(len(groups))], [values[g] for g in groups], width, label=name)
+    if target is not None:
+        ax.axhline(target, color="#a44", linestyle="--", linewidth=1)
+    ax.set_xticks([x + width * (len(series) - 1) / 2 for x in range(len(groups))], groups)
+    ax.set_ylim(0, 1)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
