@@ -118,6 +118,17 @@ def cells(said: torch.Tensor, steps: list[AgentStep], key) -> dict:
     return dict(sorted(out.items(), key=lambda kv: (kv[0] != "all", int(kv[0]) if kv[0].isdigit() else 0, kv[0])))
 
 
+def agentdojo_figures(p_answer: torch.Tensor, threshold: float, dojo: list[AgentStep]) -> dict:
+    """A head's decisions on AgentDojo's conversations (P(answer) at or above `threshold`: answer)."""
+    said = p_answer >= threshold
+    return {
+        "agentdojo, by suite": cells(said, dojo, lambda s: s.source),
+        "agentdojo, by label": cells(said, dojo, lambda s: s.label),
+        "agentdojo, by results made": cells(said, dojo, results_made),
+        "agentdojo answers said": int(said.sum()),
+        "agentdojo auc": auc(p_answer, torch.tensor([s.label == ANSWER for s in dojo])),
+    }
+
 def run(args: argparse.Namespace) -> dict:
     examples = load_examples([str(FC_TRAIN)])
     fc = agent_steps(examples, args.per_source, args.seed)
@@ -134,7 +145,6 @@ def run(args: argparse.Namespace) -> dict:
     answers = torch.tensor([s.label == ANSWER for s in fc])
     sources = [s.source for s in fc]
     is_long = torch.tensor([s.form == "long" for s in fc])
-    dojo_answers = torch.tensor([s.label == ANSWER for s in dojo])
     record: dict = {
         "command": "python " + " ".join(sys.argv), "provenance": provenance(), "engine": large.description,
         "conversations": {"fc-train": dict(Counter(f"{s.form} {s.label}" for s in fc)),
@@ -147,25 +157,15 @@ def run(args: argparse.Namespace) -> dict:
         scores = loso_scores(soft, answers, sources, trained, config)
         threshold = best_threshold(scores[trained], answers[trained], [s for s, t in zip(sources, trained) if t])
         head = fit_head(soft[trained], answers[trained], config)
-        dojo_p = head.p_answer(dojo_soft)
         record["heads"][name] = {
             "trained_on": int(trained.sum()), "threshold": threshold,
             "fc-train held out, by form": cells(scores >= threshold, fc, lambda s: s.form),
             "fc-train held out, by source": cells(scores >= threshold, fc, lambda s: s.source),
-            "agentdojo, by suite": cells(dojo_p >= threshold, dojo, lambda s: s.source),
-            "agentdojo, by label": cells(dojo_p >= threshold, dojo, lambda s: s.label),
-            "agentdojo, by results made": cells(dojo_p >= threshold, dojo, results_made),
-            "agentdojo answers said": int((dojo_p >= threshold).sum()),
-            "agentdojo auc": auc(dojo_p, dojo_answers),
+            **agentdojo_figures(head.p_answer(dojo_soft), threshold, dojo),
         }
-    shipped_p = shipped.p_answer(dojo_soft)
     record["heads"]["shipped"] = {
         "trained_on": shipped.config.training.get("conversations"), "threshold": shipped.config.threshold,
-        "agentdojo, by suite": cells(shipped_p >= shipped.config.threshold, dojo, lambda s: s.source),
-        "agentdojo, by label": cells(shipped_p >= shipped.config.threshold, dojo, lambda s: s.label),
-        "agentdojo, by results made": cells(shipped_p >= shipped.config.threshold, dojo, results_made),
-        "agentdojo answers said": int((shipped_p >= shipped.config.threshold).sum()),
-        "agentdojo auc": auc(shipped_p, dojo_answers),
+        **agentdojo_figures(shipped.p_answer(dojo_soft), shipped.config.threshold, dojo),
     }
     return record
 

@@ -44,6 +44,7 @@ def test_a_sample_takes_conversations_after_results_per_suite_seeded():
     assert [s.id for s in sample_after_results(per_suite=20, seed=0)] == [s.id for s in sample]
     assert [s.id for s in sample_after_results(per_suite=20, seed=1)] != [s.id for s in sample]
 
+
 def test_every_conversation_is_one_the_server_accepts():
     adapter = TypeAdapter(list[Message])
     for step in load_agentdojo_steps():
