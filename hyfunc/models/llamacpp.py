@@ -144,8 +144,9 @@ class _Piece:
     kv: LlamaKV
     ids: list[int] | None
     embeds: np.ndarray | None
-    outputs: list[int]  # offsets in the piece whose logits (and hidden states) are kept
+    outputs: list[int]  # offsets in the piece whose hidden states (or logits) llama.cpp outputs
     hidden: bool
+    logit_rows: list[int]  # offsets among `outputs` whose logits are copied out (a vocabulary row each)
     logits: dict[int, np.ndarray] = field(default_factory=dict)
     states: dict[int, np.ndarray] = field(default_factory=dict)
 
@@ -290,9 +291,12 @@ class LlamaCppBackend(BackendBase):
             self._embeddings_on = on
 
     def _decode(
-        self, kv: LlamaKV, ids: Sequence[int] | None, embeds: np.ndarray | None, outputs: set[int], hidden: bool
+        self, kv: LlamaKV, ids: Sequence[int] | None, embeds: np.ndarray | None, outputs: set[int], hidden: bool,
+        logit_rows: set[int],
     ) -> tuple[dict[int, np.ndarray], dict[int, np.ndarray]]:
-        """Run positions after `kv` in chunks of n_batch; logits (and hidden states) of `outputs`."""
+        """Run positions after `kv` in chunks of n_batch; hidden states of `outputs` (with `hidden`),
+        logits of `logit_rows` only: a pass for hidden states outputs every position, and copying
+        each one's vocabulary row would move ~0.6 MB per token for nothing."""
         n = len(ids) if ids is not None else embeds.shape[0]
         if kv.length + n > self.n_ctx:
             raise ValueError(f"{kv.length + n} tokens exceed the llama.cpp context of {self.n_ctx}")
@@ -302,7 +306,8 @@ class LlamaCppBackend(BackendBase):
             end = min(start + self.n_batch, n)
             piece = _Piece(kv, list(ids[start:end]) if ids is not None else None,
                            embeds[start:end] if embeds is not None else None,
-                           [i - start for i in range(start, end) if i in outputs], hidden)
+                           [i - start for i in range(start, end) if i in outputs], hidden,
+                           [i - start for i in range(start, end) if i in logit_rows])
             if self._batcher is not None:
                 self._batcher.submit(piece)
             else:
@@ -338,12 +343,12 @@ class LlamaCppBackend(BackendBase):
             self._check(lib.llama_decode(self._ctx, batch))
             j = 0
             for piece in pieces:
-                for k in piece.outputs:
+                for k in piece.logit_rows:
                     ptr = lib.llama_get_logits_ith(self._ctx, j + k)
                     piece.logits[k] = np.ctypeslib.as_array(ptr, shape=(self._n_vocab,)).copy()
-                    if hidden:
-                        ptr = lib.llama_get_embeddings_ith(self._ctx, j + k)
-                        piece.states[k] = np.ctypeslib.as_array(ptr, shape=(self._n_embd,)).copy()
+                for k in piece.outputs if hidden else ():
+                    ptr = lib.llama_get_embeddings_ith(self._ctx, j + k)
+                    piece.states[k] = np.ctypeslib.as_array(ptr, shape=(self._n_embd,)).copy()
                 piece.kv.length += len(piece)
                 j += len(piece)
 
@@ -373,7 +378,7 @@ class LlamaCppBackend(BackendBase):
             raise ValueError("nothing to run")
         tail = set(range(max(0, n - logits_to_keep), n))
         outputs = set(range(n)) if output_hidden else tail
-        logits, states = self._decode(kv, list(ids) if ids is not None else None, array, outputs, output_hidden)
+        logits, states = self._decode(kv, list(ids) if ids is not None else None, array, outputs, output_hidden, tail)
         kept = torch.from_numpy(np.stack([logits[i] for i in sorted(tail)]))
         hidden = torch.from_numpy(np.stack([states[i] for i in range(n)])) if output_hidden else None
         return StepOutput(
