@@ -56,6 +56,19 @@ def test_logits_and_hidden_states_agree_with_transformers(llama, torch_fp32, ids
     assert llama.forward(ids=ids).hidden is None  # hidden states only when asked
 
 
+@pytest.mark.parametrize("engine", ["llama", "torch_fp32"])
+def test_hidden_states_of_the_last_positions_only(engine, ids, request):
+    backend = request.getfixturevalue(engine)
+    every = backend.forward(ids=ids, logits_to_keep=3, output_hidden=True)
+    last = backend.forward(ids=ids, logits_to_keep=3, output_hidden=True, hidden_to_keep=2)
+    assert last.hidden.shape == (2, every.hidden.shape[1])
+    assert _cos(last.hidden, every.hidden[-2:]).min() > 0.9999
+    assert _cos(last.tail_logits, every.tail_logits).min() > 0.9999
+    # The KV cache holds every position either way: the next token sees the same past.
+    after = [backend.forward(ids=ids[:2], cache=out.cache).logits for out in (every, last)]
+    assert _cos(after[0], after[1]) > 0.9999
+
+
 def test_input_embeddings_equal_the_tables_and_the_ids_path(llama, torch_fp32, ids):
     torch.testing.assert_close(llama.embed(ids[:6]), torch_fp32.embed(ids[:6]).float(), rtol=0, atol=1e-6)
     by_ids = llama.forward(ids=ids)

@@ -202,7 +202,9 @@ class SoftTokenEncoder:
         if before != library.before_text:
             raise ValueError("this request renders a different prompt prefix than the library cache was built with")
         suffix = self.backend.encode(after)
-        step = self.backend.forward(ids=suffix, cache=self.backend.fork(library.cache), output_hidden=True)
+        # Only the last position's state is read (the function embeddings are the library's).
+        step = self.backend.forward(ids=suffix, cache=self.backend.fork(library.cache), output_hidden=True,
+                                    hidden_to_keep=1)
         return Encoding(
             soft_token=_to_output(step.hidden[-1]),
             function_embeddings=library.function_embeddings,

@@ -142,13 +142,15 @@ class Backend(BackendBase):
         cache: DynamicCache | None = None,
         logits_to_keep: int = 1,
         output_hidden: bool = False,
+        hidden_to_keep: int | None = None,
     ) -> StepOutput:
         """Run new tokens (ids, or embeddings of shape (len, hidden)) after what `cache` holds.
 
         The cache is extended in place; pass `fork(cache)` to keep a prefix cache reusable.
         `logits_to_keep` > 1 also returns the logits of that many last positions (`tail_logits`),
         e.g. to verify drafted tokens in one pass. Hidden states come with every pass here
-        (`output_hidden` matters to engines where they cost extra).
+        (`output_hidden` matters to engines where they cost extra); `hidden_to_keep`: those of the
+        last N positions only (None: all).
         """
         if (ids is None) == (embeds is None):
             raise ValueError("pass exactly one of ids or embeds")
@@ -160,13 +162,14 @@ class Backend(BackendBase):
         positions = torch.arange(past, past + embeds.shape[1], device=self.device).unsqueeze(0)
         out = self.model.get_decoder()(inputs_embeds=embeds, cache=cache, position_ids=positions, use_cache=True)
         hidden = out.last_hidden_state[0]
+        kept_hidden = hidden if hidden_to_keep is None else hidden[-hidden_to_keep:]
         # The head gets a 2-D input: given a 3-D slice of several positions and frozen weights
         # (a merged adapter), matmul took a batched path that copied the whole vocabulary matrix
         # on every call (0.6 s of a 0.8 s pass of the 0.5B model). Logit post-processing some
         # model classes add (soft-capping, scaling) is monotonic: greedy choices are unchanged.
         logits = self.model.get_output_embeddings()(hidden[-logits_to_keep:]).float()
         return StepOutput(
-            logits=logits[-1], hidden=hidden, cache=out.cache, tail_logits=logits if logits_to_keep > 1 else None
+            logits=logits[-1], hidden=kept_hidden, cache=out.cache, tail_logits=logits if logits_to_keep > 1 else None
         )
 
     @staticmethod

@@ -60,7 +60,7 @@ class BackendBase:
 
     def forward(
         self, ids: Sequence[int] | None = None, embeds: torch.Tensor | None = None, cache: Any = None,
-        logits_to_keep: int = 1, output_hidden: bool = False,
+        logits_to_keep: int = 1, output_hidden: bool = False, hidden_to_keep: int | None = None,
     ) -> StepOutput:
         raise NotImplementedError
 
