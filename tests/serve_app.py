@@ -8,6 +8,8 @@ environment variable HYFUNC_TEST_SERVE (JSON) chooses the method and the server'
   retriever refuse every request, so the answer is a text reply from the large model;
 - ``"method": "direct"``: direct prompting with the tiny model (answers are random text);
 - ``"slow": seconds``: each answer waits that long first (the queue tests need a busy worker);
+- ``"slow_steps": seconds``: each forward pass of the models waits that long first (a request of
+  many steps, to give up midway);
 - ``"library": true``: the cascade has a library retriever (reads libraries over 128 tools per function);
 - ``"engine": "llamacpp"``: the cascade's two models are the real SmolLM2-135M GGUF on llama.cpp
   (random retriever and projector), as `--batch` needs;
@@ -59,6 +61,17 @@ def tiny_cascade(refuse: bool = False, library: bool = False, engine: str = "tra
                         library_retriever=library_retriever)
 
 
+def slow_steps(backend: Any, seconds: float) -> None:
+    """Every forward pass of `backend` waits `seconds` first, then runs as usual."""
+    forward = backend.forward
+
+    def slow_forward(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(seconds)
+        return forward(*args, **kwargs)
+
+    backend.forward = slow_forward
+
+
 class Slow:
     """A method that waits before answering: makes the worker busy for the queue tests."""
 
@@ -77,6 +90,7 @@ def create() -> FastAPI:
     kind = settings.pop("method", "cascade")
     refuse = settings.pop("refuse", False)
     slow = settings.pop("slow", 0)
+    step_seconds = settings.pop("slow_steps", 0)
     if "HYFUNC_HOME" in settings:
         os.environ["HYFUNC_HOME"] = settings.pop("HYFUNC_HOME")
     if kind == "cascade":
@@ -85,6 +99,10 @@ def create() -> FastAPI:
         from hyfunc.methods.direct import DirectMethod
 
         method = DirectMethod(tiny_backend(SMALL_HIDDEN, seed=2), max_new_tokens=16)
+    if step_seconds:
+        for backend in {id(b): b for b in (getattr(method, "large", None), getattr(method, "small", None),
+                                           getattr(method, "backend", None)) if b is not None}.values():
+            slow_steps(backend, step_seconds)
     if slow:
         method = Slow(method, slow)
     # The tiny models' position table says 512, but their rotary embeddings extend: room for tests' tools.

@@ -1,9 +1,11 @@
 """The same backend contract on both engines, on the real SmolLM2-135M GGUF (transformers runs its
 dequantised weights, llama.cpp the GGUF itself): agreement, input embeddings, KV fork/crop equal
-to recomputation, batched lines, templating, and a LoRA adapter merged into the GGUF."""
+to recomputation, batched lines, templating, a LoRA adapter merged into the GGUF, and a thread whose
+work was given up stopping before its next step."""
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 import torch
@@ -12,6 +14,7 @@ from hyfunc.cascade.templating import TemplateDecoder
 from hyfunc.formats.schema import parse_tools
 from hyfunc.formats.validate import argument_errors
 from hyfunc.models.backend import Backend
+from hyfunc.models.interrupt import Interrupted, stop_when
 from hyfunc.models.llamacpp import LlamaCppBackend, llama_cpp_available
 
 pytestmark = [
@@ -67,6 +70,28 @@ def test_hidden_states_of_the_last_positions_only(engine, ids, request):
     # The KV cache holds every position either way: the next token sees the same past.
     after = [backend.forward(ids=ids[:2], cache=out.cache).logits for out in (every, last)]
     assert _cos(after[0], after[1]) > 0.9999
+
+
+@pytest.mark.parametrize("engine", ["llama", "torch_fp32"])
+def test_a_given_up_thread_stops_before_its_next_step_and_its_cache_is_untouched(engine, ids, request):
+    backend = request.getfixturevalue(engine)
+    prefix = backend.forward(ids=ids[:4]).cache
+    held = backend.fork(prefix)
+    given_up = threading.Event()
+    with stop_when(given_up.is_set):
+        expected = backend.forward(ids=ids[4:6], cache=backend.fork(prefix)).logits  # not given up yet: runs
+        given_up.set()
+        with pytest.raises(Interrupted):
+            backend.forward(ids=ids[4:6], cache=held)
+        with pytest.raises(Interrupted):
+            backend.hidden_of_lines(prefix, [ids[4:6], ids[6:8]])
+        elsewhere: list = []  # another thread registered nothing: never stopped
+        thread = threading.Thread(target=lambda: elsewhere.append(backend.forward(ids=ids[4:6], cache=backend.fork(prefix))))
+        thread.start()
+        thread.join()
+        assert len(elsewhere) == 1
+    # The refused pass ran nothing: `held` still holds the prefix alone; outside the block steps run again.
+    assert _cos(backend.forward(ids=ids[4:6], cache=held).logits, expected) > 0.9999
 
 
 def test_input_embeddings_equal_the_tables_and_the_ids_path(llama, torch_fp32, ids):

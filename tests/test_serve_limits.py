@@ -1,5 +1,6 @@
-"""Serving under load: liveness apart from readiness (a real server whose worker is held busy), and
-the cap on the tokens of a tool library no cache holds (413 before the queue)."""
+"""Serving under load: liveness apart from readiness (a real server whose worker is held busy), the
+cap on the tokens of a tool library no cache holds (413 before the queue), and requests given up
+midway (client gone, time limit) stopping at their next model step."""
 from __future__ import annotations
 
 import json
@@ -98,3 +99,41 @@ def test_a_library_whose_embeddings_are_on_disk_is_not_new(monkeypatch: pytest.M
     capped = TestClient(create_app(cascade, ServeConfig(**CONFIG, max_new_tool_tokens=1)))
     assert _ask(capped, tools=library).status_code == 200
     _refused(_ask(capped, tools=library[:-1]))
+
+
+STEP_SECONDS = 0.05  # each model step of the tiny cascade waits this long: a request of ~120 steps takes seconds
+MANY_STEPS = {"model": "hyfunc", "messages": ASK, "tools": TOOLS, "max_tokens": 4}
+
+
+def _settles(url: str, name: str, value: float, within: float) -> bool:
+    deadline = time.monotonic() + within
+    while _gauge(url, name) != value:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_request_whose_client_leaves_stops_at_its_next_model_step(stream: bool) -> None:
+    with running_server({"slow_steps": STEP_SECONDS}) as url:
+        start = time.monotonic()
+        assert httpx.post(f"{url}/v1/chat/completions", json=MANY_STEPS, timeout=120).status_code == 200
+        whole = time.monotonic() - start
+        assert whole > 4  # the premise: a request long enough to be given up midway
+        with pytest.raises(httpx.ReadTimeout):  # the client gives up after 1 s and closes the connection
+            with httpx.stream("POST", f"{url}/v1/chat/completions", json={**MANY_STEPS, "stream": stream}, timeout=1.0) as r:
+                for _ in r.iter_lines():
+                    pass
+        # Noticed within the worker's poll (0.25 s), stopped before the next step: far sooner than the rest of the request.
+        assert _settles(url, "hyfunc:num_requests_running", 0.0, within=1.5)
+        assert _gauge(url, "hyfunc:requests_stopped_total") == 1.0
+        assert httpx.post(f"{url}/v1/chat/completions", json=MANY_STEPS, timeout=120).status_code == 200  # serves on
+
+
+def test_a_request_past_its_time_limit_is_504_and_stops_at_its_next_model_step() -> None:
+    with running_server({"slow_steps": STEP_SECONDS, "request_timeout": 1.0}) as url:
+        response = httpx.post(f"{url}/v1/chat/completions", json=MANY_STEPS, timeout=60)
+        assert response.status_code == 504 and response.json()["error"]["code"] == "timeout", response.text
+        assert _settles(url, "hyfunc:num_requests_running", 0.0, within=1.0)
+        assert _gauge(url, "hyfunc:requests_stopped_total") == 1.0

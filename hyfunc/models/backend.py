@@ -18,6 +18,7 @@ from transformers import (
 
 from hyfunc.config import cpu_flags, threads
 from hyfunc.errors import InputError, SetupError
+from hyfunc.models import interrupt
 from hyfunc.models.base import BackendBase, Generation, PrefixCache, StepOutput
 from hyfunc.models.registry import ModelNotAvailable, resolve_model
 
@@ -106,6 +107,7 @@ class Backend(BackendBase):
         one batch. Lines are right-padded: under causal attention a real token never sees the
         padding after it, so no attention mask is needed and every real position equals what that
         line alone would give."""
+        interrupt.check()
         width = max(len(line) for line in lines)
         pad = self.tokenizer.pad_token_id or 0
         ids = torch.tensor([line + [pad] * (width - len(line)) for line in lines], device=self.device)
@@ -154,6 +156,7 @@ class Backend(BackendBase):
         """
         if (ids is None) == (embeds is None):
             raise ValueError("pass exactly one of ids or embeds")
+        interrupt.check()
         cache = cache if cache is not None else DynamicCache(config=self.model.config)
         if ids is not None:
             embeds = self.embed(ids)

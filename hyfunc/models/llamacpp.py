@@ -36,6 +36,7 @@ import torch
 
 from hyfunc.config import hyfunc_home
 from hyfunc.config import threads as env_threads
+from hyfunc.models import interrupt
 from hyfunc.models.base import BackendBase, StepOutput
 from hyfunc.models.registry import DEFAULT_MODELS, ModelNotAvailable, resolve_gguf
 from hyfunc.models.step_batcher import StepBatcher
@@ -374,6 +375,7 @@ class LlamaCppBackend(BackendBase):
         states are not wanted run first, with hidden states off."""
         if (ids is None) == (embeds is None):
             raise ValueError("pass exactly one of ids or embeds")
+        interrupt.check()
         kv = cache if cache is not None else self._new_kv()
         array = embeds.detach().float().cpu().numpy() if embeds is not None else None
         n = len(ids) if ids is not None else array.shape[0]
@@ -402,6 +404,7 @@ class LlamaCppBackend(BackendBase):
     def hidden_of_lines(self, prefix: LlamaKV, lines: list[list[int]]) -> list[torch.Tensor]:
         """Last-layer hidden states of each line after a fork of `prefix`, every line in its own
         KV sequence of one batch (no padding needed)."""
+        interrupt.check()
         lib = self._lib
         total = sum(len(line) for line in lines)
         if total > self.n_batch or len(lines) > len(self._free):

@@ -37,6 +37,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from hyfunc.models.interrupt import Interrupted
 from hyfunc.routing.record import TrafficSink
 from hyfunc.serving.errors import APIError, bad_request, from_validation
 from hyfunc.serving.metrics import ServerMetrics
@@ -324,6 +325,8 @@ def create_app(
                     prepared, path, lambda delta: post("text", delta), job.should_stop, lambda delta: post("call", delta)
                 )
                 post("done", outcome)
+            except Interrupted:
+                raise  # given up (client gone, time limit): nobody reads the events; the worker counts it
             except Exception as err:  # noqa: BLE001 - sent to the client as an error event
                 if not isinstance(err, APIError):
                     log.exception("streamed request %s failed", prepared.request_id)

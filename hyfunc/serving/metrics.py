@@ -53,6 +53,10 @@ class ServerMetrics:
             registry=r,
         )
         self.rejected = Counter("hyfunc:requests_rejected", "Chat requests answered 429 because the queue was full", registry=r)
+        self.stopped = Counter(
+            "hyfunc:requests_stopped", "Chat requests whose model work stopped midway: the client left or the time limit passed",
+            registry=r,
+        )
         self.library_hits = Counter("hyfunc:library_cache_hits", "Requests whose tool library state was reused", registry=r)
         self.library_misses = Counter("hyfunc:library_cache_misses", "Requests that built their tool library state", registry=r)
         self.library_entries = Gauge("hyfunc:library_cache_entries", "Tool libraries held in the cache", registry=r)

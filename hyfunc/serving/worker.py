@@ -9,7 +9,7 @@ arrival: a request never overtakes an earlier one that waits for the group to fi
 Admission is decided at once in the event loop: past `max_queue` waiting requests, `submit`
 raises `QueueFull` (the app answers 429 with Retry-After) instead of letting requests pile up.
 A request whose client left, or whose time limit passed, before it started is dropped unrun;
-once started, its `cancelled` flag lets the parts that can stop early (text replies) stop.
+once started, it stops at its next model step (`models/interrupt.py`), a text reply at its next token.
 
 Low-priority work (a new tool library's embedding, `library_jobs.py`) goes through
 `submit_background`: the same FIFO queue, so a request queued behind it waits for at most the one
@@ -29,6 +29,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Awaitable, Callable, Hashable
 
+from hyfunc.models.interrupt import Interrupted, stop_when
 from hyfunc.models.step_batcher import request_thread
 from hyfunc.serving.metrics import ServerMetrics
 
@@ -133,8 +134,12 @@ class ModelWorker:
                 if self.metrics:
                     self.metrics.queue_time.observe(job.started - job.submitted)
                 try:
-                    with request_thread():
+                    with request_thread(), stop_when(job.should_stop):
                         return fn(job)
+                except Interrupted:
+                    if self.metrics:
+                        self.metrics.stopped.inc()
+                    raise Cancelled("stopped at a model step: the client left or the time limit passed") from None
                 finally:
                     self._observe(time.monotonic() - job.started)
                     with self._lock:
@@ -212,7 +217,12 @@ class ModelWorker:
         while True:
             done, _ = await asyncio.wait({waiting}, timeout=poll)
             if done:
-                return waiting.result()
+                try:
+                    return waiting.result()
+                except Cancelled:  # the worker saw the time limit pass before this loop did
+                    if time.monotonic() > job.deadline:
+                        raise TimeoutError from None
+                    raise
             if time.monotonic() > job.deadline:
                 job.cancel()
                 raise TimeoutError
