@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from tests.tiny_models import tiny_backend
@@ -86,3 +87,22 @@ def test_prefix_cache_reuses_the_shared_prefix_exactly():
     assert reused.cached_tokens >= len(system) - 1
     again = backend.generate(ids=ids, max_new_tokens=5, prefix_cache=prefix_cache)
     assert again.cached_tokens == len(ids) - 1 and again.token_ids == scratch.token_ids
+
+
+def test_prefix_cache_stays_exact_after_a_pass_given_up():
+    from hyfunc.models.base import PrefixCache
+    from hyfunc.models.interrupt import Interrupted, stop_when
+
+    backend = tiny_backend()
+    system = backend.encode("<|im_start|>system\nYou call tools: get_weather, book_table.<|im_end|>\n")
+    long_request = system + backend.encode("Book a table for two at eight tonight, near the station")
+    prefix_cache = PrefixCache(backend)
+    prefix_cache.run(long_request)
+    # The next prompt shares the system prompt only: the cache is cropped to it, then the pass is given up.
+    with stop_when(lambda: True), pytest.raises(Interrupted):
+        prefix_cache.run(system + backend.encode(PROMPT))
+    # The same long prompt again: it shares only what the cropped cache still holds, and answers as from scratch.
+    step, reused = prefix_cache.run(long_request)
+    assert reused <= len(system)
+    assert torch.equal(torch.argmax(step.logits), torch.argmax(backend.forward(ids=long_request).logits))
+    torch.testing.assert_close(step.logits, backend.forward(ids=long_request).logits, rtol=1e-4, atol=1e-4)

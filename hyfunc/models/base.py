@@ -192,6 +192,8 @@ class PrefixCache:
                 cache.crop(-excess)  # transformers 5 crops by a negative count of tokens to drop
         else:
             shared = 0
+        # What the cache holds now, should the pass not run (a given-up request: models/interrupt.py).
+        self._ids, self._cache = ids[:shared], cache
         step = self.backend.forward(ids=ids[shared:], cache=cache)
         self._ids, self._cache = ids, step.cache
         return step, shared
