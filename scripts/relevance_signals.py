@@ -10,9 +10,12 @@ then two untrained signals of that state:
   `--records` (a committed run's cases.jsonl) a second question names the tools the cascade
   retrieved for that case (`p_yes_named`).
 
-Rows go to --out as JSON lines, one per case, resumable. `--replay` then applies "refuse when
-the signal is below t" on top of committed runs (it can only turn calls into no call) and prints
-what each threshold gains and loses.
+The question is written in Qwen's chat markup (the default large model's). Rows go to --out as
+JSON lines, one per case, resumable. `--replay` then applies "refuse when the signal is below t" on
+top of committed runs (it can only turn calls into no call) and prints what each threshold gains
+and loses; it also scores two signals that need no model, from a run's own calls: `grounded`, the
+share of their values the request states, and `grounded_tokens`, the same word by word (refused at
+= 0, < 1/3 and <= 1/2).
 
     python scripts/relevance_signals.py --data reports/ood/held-out/data \
       --records reports/ood/held-out/hyfunc_hyfunc-loso-sv/cases.jsonl --out /tmp/relevance/held-out.jsonl
@@ -146,7 +149,7 @@ def replay(args) -> None:
             rows.setdefault(c["id"], {"no_call": c["category"] in ("irrelevance", "live_irrelevance")})
         base = sum(c["correct"] for c in cases)
         no_call = [c for c in cases if rows[c["id"]]["no_call"]]
-        print(f"\n{path}: {len(cases)} cases with signals, {base} right; no-call {sum(c['correct'] for c in no_call)}/{len(no_call)}")
+        print(f"\n{path}: {len(cases)} cases, {base} right; no-call {sum(c['correct'] for c in no_call)}/{len(no_call)}")
         for c in cases:
             if c["id"] in requests and c["calls"] and isinstance(c["calls"], list):
                 rows[c["id"]]["grounded"] = grounded(c["calls"], requests[c["id"]])
