@@ -33,6 +33,7 @@ import torch
 
 from hyfunc.cascade.soft_token import SoftTokenEncoder
 from hyfunc.eval.bfcl import load_cases
+from hyfunc.formats.grounding import stated_numbers
 from hyfunc.formats.schema import parse_tools
 from hyfunc.models.engines import load_backend
 
@@ -123,14 +124,12 @@ def _scalars(value):
 
 
 def grounded_tokens(calls: list[dict], request: str) -> float:
-    """A lenient `grounded`: a number counts when the request holds it (any format), a string when
-    one of its words does; values inside lists and objects count too."""
+    """A lenient `grounded`: a number counts when the request states it (`grounding.stated_numbers`:
+    any format, words up to twelve), a string when one of its words is in the request; values
+    inside lists and objects count too."""
     def words(text) -> set[str]:
         return set(re.findall(r"\w+", str(text).lower().replace(",", "")))
-
-    def numbers(text) -> set[float]:
-        return {float(n) for n in re.findall(r"-?\d+(?:\.\d+)?", str(text).replace(",", ""))}
-    said_words, said_numbers = words(request), numbers(request)
+    said_words, said_numbers = words(request), stated_numbers(request)
     values = [v for call in calls for arguments in call.values() for v in _scalars(arguments)]
     if not values:
         return 1.0
